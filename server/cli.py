@@ -1,0 +1,87 @@
+"""`skillpool` command line: `skillpool serve ...`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from router import RouterSettings
+
+from .config import ServerConfig
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    d = ServerConfig()
+    r = RouterSettings()
+    p = sub.add_parser("serve", help="run the OpenAI-compatible server with an in-process trainer")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--data-dir", type=Path, default=d.data_dir, help="skill store, jobs (default ./data)")
+    p.add_argument("--model", type=Path, default=None, help="local Hugging Face LLaMA-family checkpoint (default: packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--api-key", default=os.environ.get("SKILLPOOL_API_KEY"), help="require this bearer token (env SKILLPOOL_API_KEY)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--batch-window-ms", type=float, default=d.batch_window_s * 1000)
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    p.add_argument("--max-waiting", type=int, default=d.max_waiting)
+    p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    p.add_argument("--router-keys", type=int, default=r.n_keys, help="keys per skill")
+    p.add_argument("--router-top-k", type=int, default=r.top_k)
+    p.add_argument("--router-temperature", type=float, default=r.temperature)
+    p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
+    p.add_argument("--router-threshold-margin", type=float, default=r.threshold_margin)
+    p.add_argument("--log-level", default="info")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .bootstrap import build_components
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cfg = ServerConfig(
+        data_dir=args.data_dir,
+        model=args.model,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        device=args.device,
+        batch_window_s=args.batch_window_ms / 1000,
+        max_batch_size=args.max_batch_size,
+        max_waiting=args.max_waiting,
+        default_max_tokens=args.default_max_tokens,
+        router=RouterSettings(
+            n_keys=args.router_keys,
+            top_k=args.router_top_k,
+            temperature=args.router_temperature,
+            threshold_percentile=args.router_threshold_percentile,
+            threshold_margin=args.router_threshold_margin,
+        ),
+    )
+    components = build_components(cfg)
+    app = create_app(components)
+    print(f"skillpool: serving {components.base.model_id} with {len(components.pool.records())} skill(s) on http://{cfg.host}:{cfg.port}", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower())
+    finally:
+        components.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="skillpool", description="An OpenAI-compatible server over a growing pool of LoRA skills")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Server settings (CLI flags map 1:1 onto these fields)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from router import RouterSettings
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    data_dir: Path = Path("./data")
+    model: Path | None = None  # None: the packaged SmolLM2-135M-Instruct
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # when set, /v1 and /tasks need "Authorization: Bearer <key>"
+    device: str | None = None  # None: cuda if available, else cpu
+    batch_window_s: float = 0.01  # how long the first request of a batch waits for company
+    max_batch_size: int = 32
+    max_waiting: int = 256  # requests queued beyond this get 503
+    default_max_tokens: int = 512
+    max_upload_bytes: int = 50 * 1024 * 1024
+    max_upload_examples: int = 100_000
+    min_upload_examples: int = 10
+    max_pending_jobs: int = 16  # uploads beyond this get 429
+    router: RouterSettings = field(default_factory=RouterSettings)

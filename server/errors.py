@@ -1,0 +1,59 @@
+"""Errors in the OpenAI envelope: {"error": {"message", "type", "param", "code"}} with the right status."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.extra = status, message, param, code, extra
+
+
+def envelope(status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code, **extra}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(envelope(err.status, err.message, err.param, err.code, **err.extra), status_code=err.status)
+
+
+def install_handlers(app: Any) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        param = ".".join(loc) or None
+        msg = f"{param}: {first.get('msg', 'invalid value')}" if param else str(first.get("msg", "invalid request"))
+        return JSONResponse(envelope(400, msg, param, "invalid_value"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(envelope(exc.status_code, str(exc.detail), None, code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(envelope(500, f"internal error: {type(exc).__name__}", None, "internal_error"), status_code=500)

@@ -1,0 +1,53 @@
+"""The live skill pool: what is registered in the engine and the router, kept in step."""
+from __future__ import annotations
+
+import logging
+import threading
+
+from adapters_store.base_model import BaseModel
+from adapters_store.store import SkillRecord, SkillStore
+from router import Router
+
+from .engine_hf import HFEngine
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class SkillPool:
+    def __init__(self, store: SkillStore, engine: HFEngine, router: Router, base: BaseModel, metrics: Metrics) -> None:
+        self.store, self.engine, self.router, self.base, self.metrics = store, engine, router, base, metrics
+        self._records: dict[str, SkillRecord] = {}
+        self._lock = threading.Lock()
+
+    def load_all(self) -> None:
+        """Serve every complete skill in the store (newest version of each)."""
+        self.store.clean_tmp()
+        for rec in self.store.list_latest():
+            try:
+                self.register(rec)
+            except Exception as e:  # one broken skill must not keep the server down
+                log.error("not serving skill %s v%d: %s", rec.name, rec.version, e)
+
+    def register(self, rec: SkillRecord) -> None:
+        """Hot-add (or replace) a skill: the next batch can route to it; a running batch is untouched."""
+        fp = rec.meta.get("base_model", {}).get("fingerprint")
+        if fp != self.base.fingerprint:
+            raise ValueError(f"trained on another base model (fingerprint {fp}, serving {self.base.fingerprint})")
+        adapter = rec.adapter()
+        tensors = rec.router_tensors()
+        with self._lock:
+            self.engine.add_adapter(rec.name, adapter)
+            self.router.add_skill(rec.name, tensors)
+            self._records[rec.name] = rec
+            self.metrics.skills.set(len(self._records))
+        score = (rec.meta.get("eval") or {}).get("score")
+        if score is not None:
+            self.metrics.skill_eval.labels(rec.name, rec.meta["eval"]["metric"]).set(score)
+        log.info("serving skill %s v%d", rec.name, rec.version)
+
+    def get(self, name: str) -> SkillRecord | None:
+        return self._records.get(name)
+
+    def records(self) -> list[SkillRecord]:
+        return sorted(self._records.values(), key=lambda r: r.meta.get("created", 0))

@@ -1,0 +1,95 @@
+"""Skill store: atomic versioned writes, reload, and name safety."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from adapters_store.names import InvalidSkillName, validate_skill_name
+from adapters_store.store import SkillDraft, SkillStore
+
+
+def write_fake_peft(folder: Path) -> None:
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}))
+    save_file(
+        {
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 8),
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(8, 2),
+        },
+        str(folder / "adapter_model.safetensors"),
+    )
+
+
+def draft(name: str = "agnews", writer=write_fake_peft) -> SkillDraft:  # type: ignore[no-untyped-def]
+    return SkillDraft(
+        name=name,
+        write_adapter=writer,
+        router_tensors={"centroid_keys": torch.eye(3), "threshold": torch.tensor([0.4])},
+        meta={"base_model": {"id": "m", "fingerprint": "f"}, "eval": {"metric": "exact_match", "score": 0.9}},
+        replay=[{"messages": [{"role": "user", "content": "hi"}], "answer": "x", "route_text": "hi"}],
+        probe=[],
+    )
+
+
+def test_write_then_reload_from_a_new_store(tmp_path: Path) -> None:
+    rec = SkillStore(tmp_path).write(draft())
+    assert rec.version == 1 and rec.path == tmp_path / "skills" / "agnews" / "v1"
+    again = SkillStore(tmp_path).get("agnews")
+    assert again is not None and again.meta["eval"]["score"] == 0.9 and again.meta["name"] == "agnews"
+    assert torch.equal(again.router_tensors()["centroid_keys"], torch.eye(3))
+    assert again.replay()[0]["answer"] == "x"
+    adapter = again.adapter()
+    f = adapter.modules["model.layers.0.self_attn.q_proj"]
+    assert f.rank == 2 and f.scaling == 2.0
+
+
+def test_new_upload_of_a_name_is_a_new_version_and_latest_wins(tmp_path: Path) -> None:
+    store = SkillStore(tmp_path)
+    store.write(draft())
+    store.write(draft())
+    store.write(draft("sst-2"))
+    assert [(r.name, r.version) for r in store.list_latest()] == [("agnews", 2), ("sst-2", 1)]
+    assert store.get("agnews", version=1) is not None
+    assert store.get("agnews", version=3) is None
+
+
+def test_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
+    store = SkillStore(tmp_path)
+
+    def broken(folder: Path) -> None:
+        (folder / "adapter_config.json").write_text("{}")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        store.write(draft(writer=broken))
+    with pytest.raises(FileNotFoundError):
+        store.write(draft(writer=lambda folder: None))
+    assert store.list_latest() == []
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not (tmp_path / "skills" / "agnews").exists() or not any((tmp_path / "skills" / "agnews").iterdir())
+
+
+def test_half_written_folders_are_invisible_and_cleaned(tmp_path: Path) -> None:
+    store = SkillStore(tmp_path)
+    (tmp_path / "tmp" / "agnews-leftover").mkdir()
+    (tmp_path / "skills" / "agnews" / "v7").mkdir(parents=True)  # no meta.json: never completed
+    assert store.list_latest() == []
+    store.clean_tmp()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert store.write(draft()).version == 1
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "Upper", "-x", "x-", "auto", "base", "a" * 65, "a..b", "sp ace"])
+def test_bad_names_are_rejected(bad: str, tmp_path: Path) -> None:
+    with pytest.raises(InvalidSkillName):
+        validate_skill_name(bad)
+    with pytest.raises(InvalidSkillName):
+        SkillStore(tmp_path).write(draft(bad))
+
+
+@pytest.mark.parametrize("good", ["agnews", "sst-2", "task002_quoref", "a", "v1.2"])
+def test_good_names_pass(good: str) -> None:
+    assert validate_skill_name(good) == good

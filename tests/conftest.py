@@ -1,0 +1,87 @@
+"""Shared fixtures: a tiny randomly-initialized LLaMA with the real SmolLM2 tokenizer, the real MiniLM,
+and access to ../shared/datasets. End-to-end tests are marked `slow` and run with --slow (or CI=true)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+DATASETS = REPO.parent / "shared" / "datasets"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the slow end-to-end tests (CI=true does too)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--slow") or os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        return
+    skip = pytest.mark.skip(reason="slow end-to-end test: run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+def dataset_dir(group: str, task: str) -> Path:
+    path = DATASETS / group / task
+    if not path.is_dir():
+        pytest.skip(f"benchmark data not found at {path}: these tests need ../shared/datasets beside the repo")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm() -> "object":
+    """The real packaged SmolLM2 (converted once into the cache)."""
+    from adapters_store.base_model import resolve_base_model
+
+    return resolve_base_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_base(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A 2-layer random LLaMA (real SmolLM2 tokenizer and chat template) saved as a local checkpoint."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from adapters_store.base_model import BaseModel, fingerprint_dir
+
+    tok = AutoTokenizer.from_pretrained(str(smollm.path))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(cfg)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return BaseModel(path=path, model_id="tiny-llama", fingerprint=fingerprint_dir(path))
+
+
+@pytest.fixture(scope="session")
+def embedder():  # type: ignore[no-untyped-def]
+    from router.embedder import SentenceEmbedder
+
+    return SentenceEmbedder()
+
+
+def read_task(group: str, task: str, split: str, limit: int | None = None) -> list[dict]:
+    from trainer.datasets import parse_jsonl
+
+    data = (dataset_dir(group, task) / f"{split}.jsonl").read_bytes()
+    examples = parse_jsonl(data)
+    return examples[:limit] if limit else examples

@@ -1,0 +1,160 @@
+"""End to end: the real SmolLM2 + MiniLM behind `skillpool serve`, called with the unmodified openai client.
+
+Uploads a slice of Long Sequence AG News, waits for the skill, and checks that AG News prompts now
+route to it and are answered better than by the base model; then restarts and finds the skill again.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, dataset_dir
+from trainer.evaluation import first_word_match
+
+pytestmark = pytest.mark.slow
+TRAIN_ROWS = 160
+TEST_ROWS = 40
+CONFIG = {"epochs": 2}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(data_dir.parent / f"server-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir)],
+            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            assert self.proc.poll() is None, Path(self.log.name).read_text()[-3000:]
+            try:
+                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(1)
+        raise AssertionError("server did not come up: " + Path(self.log.name).read_text()[-3000:])
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    return tmp_path_factory.mktemp("e2e") / "data"
+
+
+@pytest.fixture(scope="module")
+def server(data_dir: Path) -> Iterator[Server]:
+    s = Server(data_dir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def agnews(split: str, n: int) -> list[dict]:
+    lines = (dataset_dir("long_sequence", "agnews") / f"{split}.jsonl").read_text().splitlines()[:n]
+    return [json.loads(x) for x in lines]
+
+
+def test_models_list_base_and_auto(client) -> None:  # type: ignore[no-untyped-def]
+    ids = [m.id for m in client.models.list().data]
+    assert ids[:2] == ["SmolLM2-135M-Instruct", "auto"]
+
+
+def test_chat_with_the_real_base_model(client) -> None:  # type: ignore[no-untyped-def]
+    r = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0, max_tokens=20
+    )
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens > 0
+
+
+def test_streaming_with_the_openai_client(client) -> None:  # type: ignore[no-untyped-def]
+    stream = client.chat.completions.create(
+        model="auto", messages=[{"role": "user", "content": "Name a primary colour."}], temperature=0, max_tokens=12,
+        stream=True, stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] in (["stop"], ["length"])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def ask_all(client, model: str, rows: list[dict]) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """(answer, route header) per row, sent concurrently so that the server batches them."""
+    def one(row: dict) -> tuple[str, str]:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": row["instruction"] + "\n" + row["input"]}], temperature=0, max_tokens=8
+        )
+        return raw.parse().choices[0].message.content, raw.headers["x-skillpool-route"]
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, rows))
+
+
+def test_upload_learn_route_and_beat_the_base_model(server: Server, client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    rows = agnews("train", TRAIN_ROWS)
+    body = "\n".join(json.dumps(r) for r in rows).encode()
+    r = httpx.post(server.url + "/tasks", files={"file": ("agnews.jsonl", body)}, data={"name": "agnews", "config": json.dumps(CONFIG)}, timeout=60)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    deadline = time.time() + 1500
+    while time.time() < deadline:
+        job = httpx.get(f"{server.url}/tasks/{job_id}", timeout=10).json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(5)
+    assert job["status"] == "succeeded", job
+    assert "agnews" in [m.id for m in client.models.list().data]
+
+    test = agnews("test", TEST_ROWS)
+    routed = ask_all(client, "auto", test)
+    base = ask_all(client, "SmolLM2-135M-Instruct", test)
+    route_rate = sum(h.startswith("agnews=") for _, h in routed) / len(test)
+    acc_auto = sum(first_word_match(a, row["output"]) for (a, _), row in zip(routed, test)) / len(test)
+    acc_base = sum(first_word_match(a, row["output"]) for (a, _), row in zip(base, test)) / len(test)
+    print(f"\nagnews e2e: route_rate={route_rate:.2f} acc_auto={acc_auto:.2f} acc_base={acc_base:.2f} job_eval={job['eval']}")
+    assert all(h == "base" for _, h in base)
+    assert route_rate >= 0.9
+    assert acc_auto >= acc_base + 0.2
+
+
+def test_restart_keeps_the_skill(server: Server, data_dir: Path) -> None:
+    server.stop()
+    again = Server(data_dir)
+    try:
+        ids = [m["id"] for m in httpx.get(again.url + "/v1/models", timeout=10).json()["data"]]
+        assert "agnews" in ids
+    finally:
+        again.stop()

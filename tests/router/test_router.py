@@ -1,0 +1,79 @@
+"""Router decisions with the real MiniLM on real benchmark inputs: match, mix weights, fallback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from router import Router, RouterSettings
+from router.keys import calibrate_threshold, centroid_keys
+from tests.conftest import read_task
+
+
+@pytest.fixture(scope="module")
+def two_skill_router(embedder):  # type: ignore[no-untyped-def]
+    router = Router(embedder, RouterSettings())
+    for task in ("agnews", "sst-2"):
+        texts = [e["route_text"] for e in read_task("long_sequence", task, "train", 100)]
+        router.add_skill(task, router.prepare_keys(texts))
+    return router
+
+
+def test_no_skills_means_base_model(embedder) -> None:  # type: ignore[no-untyped-def]
+    [d] = Router(embedder).route(["hello"])
+    assert d.route == [] and d.reason == "no_skills" and d.header() == "base"
+
+
+def test_held_out_inputs_route_to_their_skill(two_skill_router) -> None:  # type: ignore[no-untyped-def]
+    for task in ("agnews", "sst-2"):
+        texts = [e["route_text"] for e in read_task("long_sequence", task, "test", 40)]
+        decisions = two_skill_router.route(texts)
+        top1 = [d.route[0][0] if d.route else "base" for d in decisions]
+        assert top1.count(task) >= 38, (task, top1)
+        for d in decisions:
+            if d.route:
+                assert abs(sum(w for _, w in d.route) - 1.0) < 1e-5
+                assert d.reason == "matched" and d.header().startswith(d.route[0][0] + "=")
+
+
+def test_unrelated_requests_fall_back_to_base(two_skill_router) -> None:  # type: ignore[no-untyped-def]
+    texts = [e["route_text"] for e in read_task("superni", "task1290_xsum_summarization", "test", 20)]
+    texts += ["Write a haiku about autumn leaves.", "What is 17 times 23?", "Translate 'good morning' into French."]
+    decisions = two_skill_router.route(texts)
+    fallbacks = sum(1 for d in decisions if not d.route)
+    assert fallbacks >= len(texts) - 2
+    assert all(d.reason == "below_threshold" for d in decisions if not d.route)
+
+
+def test_removing_a_skill_stops_routing_to_it(embedder) -> None:  # type: ignore[no-untyped-def]
+    router = Router(embedder)
+    texts = [e["route_text"] for e in read_task("long_sequence", "agnews", "train", 40)]
+    router.add_skill("agnews", router.prepare_keys(texts))
+    assert router.route(texts[:1])[0].route[0][0] == "agnews"
+    router.remove_skill("agnews")
+    assert router.route(texts[:1])[0].reason == "no_skills"
+
+
+def test_mix_weights_follow_temperature_softmax(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Two skills with identical keys split a request evenly; top_k slots are shared by skill."""
+    router = Router(embedder, RouterSettings(top_k=2, temperature=0.1))
+    keys = torch.from_numpy(embedder.embed(["The stock market rallied on Friday."]))
+    tensors = {"centroid_keys": keys, "threshold": torch.tensor([-1.0])}
+    router.add_skill("a", tensors)
+    router.add_skill("b", tensors)
+    [d] = router.route(["Shares rose sharply as markets rallied."])
+    assert sorted(s for s, _ in d.route) == ["a", "b"]
+    assert all(abs(w - 0.5) < 1e-5 for _, w in d.route)
+
+
+def test_centroid_keys_and_threshold() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    keys = centroid_keys(x, 8)
+    assert keys.shape == (8, 16)
+    assert np.allclose(np.linalg.norm(keys, axis=1), 1.0, atol=1e-5)
+    thr = calibrate_threshold(x, keys, percentile=2.0, margin=0.05)
+    best = (x @ keys.T).max(axis=1)
+    assert (best >= thr).mean() >= 0.98
+    assert centroid_keys(x[:3], 8).shape == (3, 16)  # fewer inputs than keys: the inputs themselves

@@ -1,0 +1,208 @@
+"""API shapes and errors on a tiny LLaMA with the real router: chat, streaming, models, tasks, metrics."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from server.app import create_app
+from server.bootstrap import build_components
+from server.config import ServerConfig
+from tests.conftest import dataset_dir
+
+FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
+
+
+def sst2_lines(n: int) -> bytes:
+    return b"\n".join((dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()[:n])
+
+
+@pytest.fixture(scope="module")
+def components(tiny_base, embedder, tmp_path_factory):  # type: ignore[no-untyped-def]
+    cfg = ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_upload_bytes=300_000, default_max_tokens=8)
+    c = build_components(cfg, base=tiny_base, embedder=embedder)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def client(components):  # type: ignore[no-untyped-def]
+    with TestClient(create_app(components)) as cl:
+        yield cl
+
+
+def chat(client: TestClient, content: str, **kw):  # type: ignore[no-untyped-def]
+    body = {"model": "auto", "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 6, **kw}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def wait_job(client: TestClient, job_id: str, timeout: float = 300) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = client.get(f"/tasks/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def assert_error(resp, status: int, param: str | None, code: str | None = None) -> dict:  # type: ignore[no-untyped-def]
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    if code:
+        assert err["code"] == code
+    return err
+
+
+def test_health_and_models(client: TestClient) -> None:
+    assert client.get("/healthz").json()["status"] == "ok"
+    ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+    assert ids[:2] == ["tiny-llama", "auto"]
+    assert client.get("/v1/models/auto").json()["parent"] == "tiny-llama"
+    assert_error(client.get("/v1/models/nope"), 404, "model", "model_not_found")
+
+
+def test_chat_without_skills_uses_base(client: TestClient) -> None:
+    r = chat(client, "Hello!")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["model"] == "auto"
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] in ("stop", "length")
+    u = body["usage"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and 0 < u["completion_tokens"] <= 6
+    assert body["skillpool"] == {"route": [], "reason": "no_skills", "score": 0.0}
+    assert r.headers["x-skillpool-route"] == "base"
+
+
+def test_streaming_shape(client: TestClient) -> None:
+    with client.stream("POST", "/v1/chat/completions", json={
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+        "temperature": 0, "max_tokens": 5, "stream_options": {"include_usage": True},
+    }) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[0]["skillpool"]["reason"] == "base"
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    plain = chat(client, "Hi", model="tiny-llama", max_tokens=5).json()["choices"][0]["message"]["content"]
+    assert text == plain
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "model", "model_not_found"),
+        ({"messages": [{"role": "user", "content": "x"}]}, 400, "model", None),
+        ({"model": "auto", "messages": []}, 400, "messages", None),
+        ({"model": "auto", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", None),
+        ({"model": "auto", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", None),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "temperature": 3}, 400, "temperature", None),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens", None),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400, "max_tokens", "context_length_exceeded"),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "unsupported_parameter"),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400, "stop", None),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
+    ],
+)
+def test_chat_errors_use_the_openai_envelope(client: TestClient, body: dict, status: int, param: str, code: str | None) -> None:
+    assert_error(client.post("/v1/chat/completions", json=body), status, param, code)
+
+
+def test_invalid_json_body(client: TestClient) -> None:
+    assert_error(client.post("/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}), 400, None, "invalid_json")
+
+
+def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    good = sst2_lines(12).splitlines()
+    bad = b"\n".join([good[0], b"{broken", good[2], b'{"instruction": "x", "output": ""}', *good[4:]])
+    err = assert_error(client.post("/tasks", files={"file": ("d.jsonl", bad)}, data={"name": "sst-2"}), 400, "file", "invalid_dataset")
+    assert [(e["line"], e["field"]) for e in err["errors"]] == [(2, ""), (4, "output")]
+    assert "line 2" in err["message"] and "line 4" in err["message"]
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "../x"}), 400, "name", "invalid_name")
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "auto"}), 400, "name", "invalid_name")
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": '{"rank": -1}'}), 400, "config.rank")
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": "{"}), 400, "config")
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "magic"}), 400, "method")
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(3))}, data={"name": "s"}), 400, "file", "invalid_dataset")
+    assert_error(client.post("/tasks", files={"name": (None, "s")}), 400, "file", "missing_file")
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}), 400, "name", "missing_name")
+    assert_error(client.post("/tasks", data={"name": "s"}), 400, None, "invalid_content_type")
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", b"x" * 400_000)}, data={"name": "s"}), 413, "file", "file_too_large")
+    assert client.get("/tasks").json()["data"] == []
+    assert components.store.list_latest() == []
+    assert_error(client.get("/tasks/job-nope"), 404, "id", "task_not_found")
+
+
+def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    r = client.post("/tasks", files={"file": ("sst2.jsonl", sst2_lines(40))}, data={"name": "sst-2", "config": FAST})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] in ("queued", "running") and job["skill"] == "sst-2" and job["examples"] == 40
+    assert set(job) >= {"id", "status", "skill", "progress", "eval", "error"}
+    done = wait_job(client, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["progress"]["step"] == done["progress"]["total"] > 0 and done["progress"]["loss"] is not None
+    assert done["eval"]["metric"] == "exact_match" and done["eval"]["n"] == 4
+    models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert models["sst-2"]["parent"] == "tiny-llama" and models["sst-2"]["version"] == 1
+    forced = chat(client, "anything", model="sst-2")
+    assert forced.headers["x-skillpool-route"] == "sst-2=1.00" and forced.json()["skillpool"]["reason"] == "forced"
+    test_line = json.loads((dataset_dir("long_sequence", "sst-2") / "test.jsonl").read_text().splitlines()[0])
+    routed = chat(client, test_line["instruction"] + "\n" + test_line["input"])
+    assert routed.json()["skillpool"]["route"][0]["skill"] == "sst-2"
+    assert routed.headers["x-skillpool-route"].startswith("sst-2=")
+    off_topic = chat(client, "Write a limerick about a penguin who learns to fly.")
+    assert off_topic.json()["skillpool"]["reason"] == "below_threshold" and off_topic.headers["x-skillpool-route"] == "base"
+    assert_error(client.delete(f"/tasks/{job['id']}"), 409, "id", "task_finished")
+    # the stored skill is a plain PEFT adapter
+    from peft import PeftConfig
+
+    rec = components.store.get("sst-2")
+    assert PeftConfig.from_pretrained(str(rec.path)).base_model_name_or_path == "tiny-llama"
+    metrics = client.get("/metrics").text
+    assert 'skillpool_training_jobs_total{status="succeeded"} 1.0' in metrics
+    assert 'skillpool_route_decisions_total{reason="forced",skill="sst-2"}' in metrics
+    assert 'skillpool_route_fallbacks_total{reason="below_threshold"}' in metrics
+    assert "skillpool_time_to_first_token_seconds_count" in metrics
+
+
+def test_cancel_a_job(client: TestClient) -> None:
+    r = client.post("/tasks", files={"file": ("s.jsonl", sst2_lines(200))}, data={"name": "slow", "config": json.dumps({"epochs": 20})})
+    job_id = r.json()["id"]
+    assert client.delete(f"/tasks/{job_id}").status_code == 200
+    assert wait_job(client, job_id)["status"] == "cancelled"
+    assert "slow" not in [m["id"] for m in client.get("/v1/models").json()["data"]]
+
+
+def test_restart_serves_stored_skills(components, tiny_base, embedder) -> None:  # type: ignore[no-untyped-def]
+    again = build_components(components.cfg, base=tiny_base, embedder=embedder)
+    try:
+        assert [r.name for r in again.pool.records()] == ["sst-2"]
+        assert {j.id for j in again.jobs.list()} == {j.id for j in components.jobs.list()}
+    finally:
+        again.close()
+
+
+def test_api_key_is_required_when_set(components, tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    c = build_components(replace(components.cfg, api_key="sekrit", data_dir=tmp_path), base=tiny_base, embedder=embedder)
+    try:
+        with TestClient(create_app(c)) as cl:
+            assert_error(cl.get("/v1/models"), 401, None, "invalid_api_key")
+            assert cl.get("/v1/models", headers={"Authorization": "Bearer sekrit"}).status_code == 200
+            assert cl.get("/healthz").status_code == 200
+    finally:
+        c.close()

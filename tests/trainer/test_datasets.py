@@ -1,0 +1,83 @@
+"""Upload validation: every error case names its line and field; good files normalize to one shape."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.datasets import DatasetError, parse_jsonl, route_text
+
+
+def jl(*objs: object) -> bytes:
+    return b"\n".join(o if isinstance(o, bytes) else json.dumps(o).encode() for o in objs)
+
+
+GOOD_CHAT = {"messages": [{"role": "system", "content": "Classify."}, {"role": "user", "content": "great film"}, {"role": "assistant", "content": "positive"}]}
+GOOD_INST = {"instruction": "Classify the review.", "input": "great film", "output": "positive"}
+
+
+def test_both_formats_normalize_to_prompt_answer_and_route_text() -> None:
+    chat, inst = parse_jsonl(jl(GOOD_CHAT, GOOD_INST))
+    assert chat == {
+        "messages": [{"role": "system", "content": "Classify."}, {"role": "user", "content": "great film"}],
+        "answer": "positive",
+        "route_text": "Classify.\ngreat film",
+    }
+    assert inst["messages"] == [{"role": "user", "content": "Classify the review.\ngreat film"}]
+    assert inst["answer"] == "positive" and inst["route_text"] == "Classify the review.\ngreat film"
+
+
+def test_blank_lines_are_skipped() -> None:
+    assert len(parse_jsonl(jl(GOOD_INST) + b"\n\n" + jl(GOOD_INST) + b"\n")) == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "fragment"),
+    [
+        (b"{not json", "", "not valid JSON"),
+        (b"\xff\xfe", "", "UTF-8"),
+        (b"[1, 2]", "", "JSON object"),
+        (json.dumps({"text": "hi"}).encode(), "", "expected a 'messages'"),
+        (json.dumps({"messages": []}).encode(), "messages", "non-empty list"),
+        (json.dumps({"messages": ["hi"]}).encode(), "messages[0]", "object"),
+        (json.dumps({"messages": [{"role": "bot", "content": "x"}]}).encode(), "messages[0].role", "must be one of"),
+        (json.dumps({"messages": [{"role": "user", "content": 3}]}).encode(), "messages[0].content", "string"),
+        (json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode(), "messages[0]", "assistant answer"),
+        (json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}).encode(), "messages", "user message"),
+        (json.dumps({"instruction": "x", "output": ""}).encode(), "output", "non-empty"),
+        (json.dumps({"instruction": "", "input": "", "output": "y"}).encode(), "instruction", "both empty"),
+        (json.dumps({"instruction": 5, "output": "y"}).encode(), "instruction", "string"),
+    ],
+)
+def test_each_bad_line_is_reported_with_line_and_field(line: bytes, field: str, fragment: str) -> None:
+    with pytest.raises(DatasetError) as exc:
+        parse_jsonl(jl(GOOD_INST, line, GOOD_CHAT))
+    [err] = exc.value.errors
+    assert err.line == 2 and err.field == field and fragment in err.message
+    assert "line 2" in str(exc.value)
+
+
+def test_every_bad_line_is_listed() -> None:
+    with pytest.raises(DatasetError) as exc:
+        parse_jsonl(jl(b"oops", GOOD_INST, b"{}", GOOD_INST, {"instruction": "x"}))
+    assert [e.line for e in exc.value.errors] == [1, 3, 5]
+    assert exc.value.total_errors == 3
+
+
+def test_too_few_and_too_many_examples() -> None:
+    with pytest.raises(DatasetError, match="at least 3"):
+        parse_jsonl(jl(GOOD_INST, GOOD_INST), min_examples=3)
+    with pytest.raises(DatasetError, match="at most 1"):
+        parse_jsonl(jl(GOOD_INST, GOOD_INST), max_examples=1)
+    with pytest.raises(DatasetError, match="at least 1"):
+        parse_jsonl(b"\n\n")
+
+
+def test_route_text_is_system_plus_last_user_turn() -> None:
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "second"},
+    ]
+    assert route_text(msgs) == "S\nsecond"

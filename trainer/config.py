@@ -1,0 +1,70 @@
+"""Training hyperparameters: defaults that finish on 2 CPU cores, every one settable per upload."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+METHODS = ("isolated",)
+
+
+class ConfigError(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: float = 3.0
+    learning_rate: float = 1e-3
+    batch_size: int = 8
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    max_seq_len: int = 512
+    warmup_ratio: float = 0.06
+    weight_decay: float = 0.0
+    eval_fraction: float = 0.1  # held-out split for the skill's eval result
+    max_eval_examples: int = 50
+    replay_fraction: float = 0.02  # stored for later replay / memory buffers
+    probe_size: int = 20  # held-out prompts kept to re-check the skill later
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> TrainConfig:
+        raw = dict(raw or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ConfigError(f"config.{unknown[0]}", f"unknown hyperparameter (known: {', '.join(known)})")
+        base = asdict(cls())
+        for key, value in raw.items():
+            want = type(base[key])
+            if want is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if want is list:
+                if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+                    raise ConfigError(f"config.{key}", "must be a non-empty list of module names")
+            elif not isinstance(value, want) or isinstance(value, bool):
+                raise ConfigError(f"config.{key}", f"must be a {want.__name__}, got {value!r}")
+            base[key] = value
+        cfg = cls(**base)
+        cfg._check()
+        return cfg
+
+    def _check(self) -> None:
+        positive = ("epochs", "learning_rate", "batch_size", "rank", "alpha", "max_seq_len", "max_eval_examples")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"config.{name}", "must be > 0")
+        for name in ("dropout", "warmup_ratio", "eval_fraction", "replay_fraction"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"config.{name}", "must be in [0, 1)")
+        if self.weight_decay < 0 or self.probe_size < 0:
+            raise ConfigError("config.weight_decay" if self.weight_decay < 0 else "config.probe_size", "must be >= 0")
+        if self.epochs > 100 or self.rank > 256 or self.batch_size > 512:
+            raise ConfigError("config", "epochs <= 100, rank <= 256 and batch_size <= 512")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,167 @@
+"""Training jobs: records, states, and the in-process queue with its background worker.
+
+States: validating → queued → running → succeeded | failed | cancelled. Job records are kept as
+JSON under <data>/jobs so that they survive a restart; a job that was queued or running when the
+server stopped is marked failed (its data is gone with the process' queue) and can be re-uploaded.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adapters_store.store import SkillRecord
+
+from .config import TrainConfig
+from .lora_train import Cancelled, Progress
+
+log = logging.getLogger(__name__)
+Example = dict[str, Any]
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@dataclass
+class Job:
+    id: str
+    skill: str
+    method: str
+    config: dict[str, Any]
+    status: str = "queued"
+    created_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    finished_at: float | None = None
+    progress: dict[str, Any] = field(default_factory=lambda: {"step": 0, "total": None, "loss": None})
+    eval: dict[str, Any] | None = None
+    error: str | None = None
+    examples: int = 0
+    skill_version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"object": "skillpool.training_job", **asdict(self)}
+
+
+def new_job_id() -> str:
+    return "job-" + uuid.uuid4().hex[:20]
+
+
+Runner = Callable[[Job, list[Example], TrainConfig, Callable[[Progress], None], Callable[[], bool]], SkillRecord]
+
+
+class LocalJobQueue:
+    """FIFO queue with one worker thread in this process. `runner` trains; `on_success` registers."""
+
+    def __init__(
+        self,
+        jobs_dir: Path,
+        runner: Runner,
+        on_success: Callable[[SkillRecord], None],
+        on_finish: Callable[[Job], None] | None = None,
+    ) -> None:
+        self.dir = jobs_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.runner, self.on_success, self.on_finish = runner, on_success, on_finish
+        self._jobs: dict[str, Job] = {}
+        self._cancel: dict[str, threading.Event] = {}
+        self._queue: queue.Queue[tuple[Job, list[Example], TrainConfig] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._load()
+        self._thread = threading.Thread(target=self._work, name="skillpool-trainer", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        for p in sorted(self.dir.glob("job-*.json")):
+            try:
+                job = Job(**{k: v for k, v in json.loads(p.read_text()).items() if k != "object"})
+            except (ValueError, TypeError) as e:
+                log.warning("ignoring unreadable job record %s: %s", p, e)
+                continue
+            if job.status not in TERMINAL:
+                job.status, job.error, job.finished_at = "failed", "the server stopped before this job finished", time.time()
+                self._save(job)
+            self._jobs[job.id] = job
+
+    def _save(self, job: Job) -> None:
+        tmp = self.dir / f".{job.id}.json.tmp"
+        tmp.write_text(json.dumps(job.to_dict()))
+        os.replace(tmp, self.dir / f"{job.id}.json")
+
+    # --- API ----------------------------------------------------------------------------------
+    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
+        with self._lock:
+            job.status = "queued"
+            self._jobs[job.id] = job
+            self._cancel[job.id] = threading.Event()
+            self._save(job)
+        self._queue.put((job, examples, cfg))
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def list(self) -> list[Job]:
+        return sorted(self._jobs.values(), key=lambda j: j.created_at, reverse=True)
+
+    def depth(self) -> int:
+        return sum(1 for j in self._jobs.values() if j.status in ("queued", "running"))
+
+    def cancel(self, job_id: str) -> Job | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.status in TERMINAL:
+                return job
+            self._cancel[job_id].set()
+            if job.status == "queued":  # the worker skips it when it comes up
+                self._finish(job, "cancelled")
+            return job
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    # --- worker -------------------------------------------------------------------------------
+    def _finish(self, job: Job, status: str, error: str | None = None) -> None:
+        job.status, job.error, job.finished_at = status, error, time.time()
+        self._save(job)
+        if self.on_finish is not None:
+            self.on_finish(job)
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            job, examples, cfg = item
+            stop = self._cancel[job.id]
+            if stop.is_set():
+                continue
+            with self._lock:
+                job.status, job.started_at = "running", time.time()
+                self._save(job)
+
+            def progress(p: Progress, job: Job = job) -> None:
+                job.progress = {"step": p.step, "total": p.total, "loss": p.loss, "tokens_per_s": p.tokens_per_s, "eta_s": p.eta_s}
+                if p.step == p.total or p.step % 10 == 0:
+                    self._save(job)
+
+            try:
+                record = self.runner(job, examples, cfg, progress, stop.is_set)
+            except Cancelled:
+                self._finish(job, "cancelled")
+                continue
+            except Exception as e:  # the job fails, the worker lives on
+                log.error("training job %s failed:\n%s", job.id, traceback.format_exc())
+                self._finish(job, "failed", f"{type(e).__name__}: {e}")
+                continue
+            job.eval, job.skill_version = record.meta.get("eval"), record.version
+            try:
+                self.on_success(record)
+            except Exception as e:
+                log.error("registering %s failed:\n%s", record.name, traceback.format_exc())
+                self._finish(job, "failed", f"stored as version {record.version} but not registered: {e}")
+                continue
+            self._finish(job, "succeeded")

@@ -1,0 +1,132 @@
+"""Isolated LoRA training of one skill block with PEFT (loss on answer tokens only)."""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+
+Example = dict[str, Any]
+
+
+class Cancelled(Exception):
+    pass
+
+
+@dataclass
+class Progress:
+    step: int
+    total: int
+    loss: float | None
+    tokens_per_s: float
+    eta_s: float | None
+
+
+def encode_example(tokenizer: Any, ex: Example, max_len: int) -> tuple[list[int], list[int]]:
+    """Token ids and labels (-100 on the prompt) in the tokenizer's chat format, as served."""
+    prompt = tokenizer.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(ex["answer"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    answer_ids = answer_ids[:max_len]
+    prompt_ids = prompt_ids[-(max_len - len(answer_ids)) :] if max_len > len(answer_ids) else []
+    return prompt_ids + answer_ids, [-100] * len(prompt_ids) + answer_ids
+
+
+def _batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffled batches of similar length (less padding on CPU), in shuffled order."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    chunk = batch_size * 16
+    batches = []
+    for i in range(0, len(order), chunk):
+        group = sorted(order[i : i + chunk], key=lambda j: lengths[j])
+        batches += [group[k : k + batch_size] for k in range(0, len(group), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _collate(items: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(ids) for ids, _ in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(items), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for i, (x, y) in enumerate(items):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(y)] = torch.tensor(y)
+        mask[i, : len(x)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def train_lora(
+    model: nn.Module,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    cfg: TrainConfig,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> nn.Module:
+    """Wrap `model` with a fresh PEFT LoRA, train it on `examples`, return the PEFT model (train mode off)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.rank,
+            lora_alpha=cfg.alpha,
+            lora_dropout=cfg.dropout,
+            target_modules=list(cfg.target_modules),
+            task_type="CAUSAL_LM",
+        ),
+    )
+    encoded = [encode_example(tokenizer, ex, cfg.max_seq_len) for ex in examples]
+    lengths = [len(x) for x, _ in encoded]
+    steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
+    total = max(1, math.ceil(steps_per_epoch * cfg.epochs))
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    warmup = int(total * cfg.warmup_ratio)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(peft_model.parameters()).device
+    peft_model.train()
+    step, tokens, t0, ema = 0, 0, time.monotonic(), None
+    while step < total:
+        for batch_ids in _batches(lengths, cfg.batch_size, rng):
+            if step >= total:
+                break
+            if should_stop is not None and should_stop():
+                raise Cancelled()
+            batch = {k: v.to(device) for k, v in _collate([encoded[i] for i in batch_ids], pad_id).items()}
+            loss = peft_model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            tokens += int(batch["attention_mask"].sum())
+            value = float(loss.detach())
+            ema = value if ema is None else 0.9 * ema + 0.1 * value
+            if on_progress is not None:
+                elapsed = time.monotonic() - t0
+                on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step)))
+    peft_model.eval()
+    return peft_model
+
+
+def save_adapter(peft_model: nn.Module, folder: Path, base_model_id: str) -> None:
+    """Write plain PEFT files (adapter_config.json + adapter_model.safetensors)."""
+    peft_model.peft_config["default"].base_model_name_or_path = base_model_id  # type: ignore[index,union-attr]
+    peft_model.save_pretrained(str(folder), safe_serialization=True)  # type: ignore[operator]
