@@ -20,7 +20,7 @@ from adapters_store.store import SkillStore
 from router import Decision, Router
 from trainer.config import METHODS, ConfigError, TrainConfig
 from trainer.datasets import DatasetError, parse_jsonl, route_text
-from trainer.jobs import Job, LocalJobQueue, new_job_id
+from trainer.jobs import Job, JobQueue, new_job_id
 
 from .config import ServerConfig
 from .engine_hf import GenEvent, HFEngine
@@ -41,7 +41,7 @@ class Components:
     engine: HFEngine
     router: Router
     pool: SkillPool
-    jobs: LocalJobQueue
+    jobs: JobQueue
     scheduler: Scheduler
     metrics: Metrics
     started: float
@@ -298,7 +298,6 @@ def create_app(c: Components) -> FastAPI:
         job = _job(job_id)
         if job.status in ("succeeded", "failed", "cancelled"):
             raise APIError(409, f"task {job_id} already {job.status}", "id", "task_finished")
-        c.jobs.cancel(job_id)
-        return job.to_dict()
+        return (c.jobs.cancel(job_id) or job).to_dict()
 
     return app

@@ -8,7 +8,8 @@ from adapters_store.base_model import BaseModel, resolve_base_model
 from adapters_store.store import SkillRecord, SkillStore
 from router import Router
 from router.embedder import Embedder, SentenceEmbedder
-from trainer.jobs import Job, LocalJobQueue
+from trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
+from trainer.redis_jobs import RedisJobQueue
 from trainer.worker import SkillTrainer
 
 from .app import Components
@@ -19,6 +20,19 @@ from .scheduler import Scheduler
 from .skills import SkillPool
 
 log = logging.getLogger(__name__)
+
+
+def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
+    def run(job: Job, examples, train_cfg, progress, should_stop) -> SkillRecord:  # type: ignore[no-untyped-def]
+        def report(p):  # type: ignore[no-untyped-def]
+            progress(p)
+            if p.loss is not None:
+                metrics.training_loss.labels(job.skill).set(p.loss)
+            metrics.training_tokens_per_s.labels(job.skill).set(p.tokens_per_s)
+
+        return trainer.run(job.skill, examples, train_cfg, job.method, report, should_stop)
+
+    return run
 
 
 def build_components(
@@ -37,21 +51,14 @@ def build_components(
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
     trainer = trainer or SkillTrainer(store, router, base, device=cfg.device)
-
-    def run(job: Job, examples, train_cfg, progress, should_stop) -> SkillRecord:  # type: ignore[no-untyped-def]
-        def report(p):  # type: ignore[no-untyped-def]
-            progress(p)
-            if p.loss is not None:
-                metrics.training_loss.labels(job.skill).set(p.loss)
-            metrics.training_tokens_per_s.labels(job.skill).set(p.tokens_per_s)
-
-        return trainer.run(job.skill, examples, train_cfg, job.method, report, should_stop)
-
-    jobs = LocalJobQueue(
-        cfg.data_dir / "jobs",
-        runner=run,
-        on_success=pool.register,
-        on_finish=lambda j: metrics.training_jobs.labels(j.status).inc(),
-    )
+    runner = make_runner(trainer, metrics) if cfg.run_trainer else None
+    count = lambda j: metrics.training_jobs.labels(j.status).inc()  # noqa: E731
+    jobs: JobQueue
+    if cfg.redis_url:
+        jobs = RedisJobQueue(cfg.redis_url, runner, pool.register, count, pool.on_event, cfg.redis_prefix)
+    else:
+        if runner is None:
+            raise ValueError("without a Redis URL this server must run the trainer itself")
+        jobs = LocalJobQueue(cfg.data_dir / "jobs", runner=runner, on_success=pool.register, on_finish=count)
     scheduler = Scheduler(engine, router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_waiting)
     return Components(cfg, base, store, engine, router, pool, jobs, scheduler, metrics, time.time())

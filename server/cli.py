@@ -31,7 +31,51 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--router-temperature", type=float, default=r.temperature)
     p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
     p.add_argument("--router-threshold-margin", type=float, default=r.threshold_margin)
+    p.add_argument("--redis-url", default=os.environ.get("SKILLPOOL_REDIS_URL"), help="job queue and skill events in Redis (env SKILLPOOL_REDIS_URL)")
+    p.add_argument("--redis-prefix", default=d.redis_prefix)
+    p.add_argument("--no-trainer", action="store_true", help="with --redis-url: only enqueue; `skillpool worker` trains")
     p.add_argument("--log-level", default="info")
+
+
+def _worker_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("worker", help="run a trainer worker that pulls jobs from Redis and writes to a shared store")
+    p.add_argument("--redis-url", default=os.environ.get("SKILLPOOL_REDIS_URL"), required=not os.environ.get("SKILLPOOL_REDIS_URL"))
+    p.add_argument("--redis-prefix", default=ServerConfig().redis_prefix)
+    p.add_argument("--data-dir", type=Path, default=ServerConfig().data_dir, help="the skill store shared with the servers")
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--log-level", default="info")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from adapters_store.base_model import resolve_base_model
+    from adapters_store.store import SkillStore
+    from router import Router
+    from router.embedder import SentenceEmbedder
+    from trainer.redis_jobs import RedisJobQueue
+    from trainer.worker import SkillTrainer
+
+    from .bootstrap import make_runner
+    from .metrics import Metrics
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    base = resolve_base_model(args.model)
+    store = SkillStore(args.data_dir)
+    trainer = SkillTrainer(store, Router(SentenceEmbedder()), base, device=args.device)
+    queue = RedisJobQueue(args.redis_url, make_runner(trainer, Metrics()), prefix=args.redis_prefix)
+    print(f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}", file=sys.stderr, flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    queue.close()
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -54,6 +98,9 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         max_waiting=args.max_waiting,
         default_max_tokens=args.default_max_tokens,
+        redis_url=args.redis_url,
+        redis_prefix=args.redis_prefix,
+        run_trainer=not args.no_trainer,
         router=RouterSettings(
             n_keys=args.router_keys,
             top_k=args.router_top_k,
@@ -76,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="skillpool", description="An OpenAI-compatible server over a growing pool of LoRA skills")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _worker_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "worker":
+        return _worker(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

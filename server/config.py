@@ -23,4 +23,7 @@ class ServerConfig:
     max_upload_examples: int = 100_000
     min_upload_examples: int = 10
     max_pending_jobs: int = 16  # uploads beyond this get 429
+    redis_url: str | None = None  # job queue + skill events in Redis (trainer workers on other machines)
+    redis_prefix: str = "skillpool"
+    run_trainer: bool = True  # False: this server only enqueues; `skillpool worker` processes train
     router: RouterSettings = field(default_factory=RouterSettings)

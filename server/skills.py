@@ -46,6 +46,20 @@ class SkillPool:
             self.metrics.skill_eval.labels(rec.name, rec.meta["eval"]["metric"]).set(score)
         log.info("serving skill %s v%d", rec.name, rec.version)
 
+    def on_event(self, event: dict) -> None:  # type: ignore[type-arg]
+        """A worker elsewhere stored a skill version: load it from the shared store unless we have it."""
+        if event.get("type") != "skill_registered":
+            return
+        name, version = event["name"], int(event["version"])
+        have = self._records.get(name)
+        if have is not None and have.version >= version:
+            return
+        rec = self.store.get(name, version)
+        if rec is None:
+            log.error("skill %s v%d announced but not in the store at %s", name, version, self.store.root)
+            return
+        self.register(rec)
+
     def get(self, name: str) -> SkillRecord | None:
         return self._records.get(name)
 

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from adapters_store.store import SkillRecord
 
@@ -51,6 +51,17 @@ class Job:
 
 def new_job_id() -> str:
     return "job-" + uuid.uuid4().hex[:20]
+
+
+class JobQueue(Protocol):
+    """What the API needs from a queue: LocalJobQueue (in-process) or RedisJobQueue (shared)."""
+
+    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job: ...
+    def get(self, job_id: str) -> Job | None: ...
+    def list(self) -> list[Job]: ...
+    def depth(self) -> int: ...
+    def cancel(self, job_id: str) -> Job | None: ...
+    def close(self) -> None: ...
 
 
 Runner = Callable[[Job, list[Example], TrainConfig, Callable[[Progress], None], Callable[[], bool]], SkillRecord]
@@ -142,26 +153,40 @@ class LocalJobQueue:
             with self._lock:
                 job.status, job.started_at = "running", time.time()
                 self._save(job)
+            run_job(job, examples, cfg, self.runner, self._save, self._finish, self.on_success, stop.is_set)
 
-            def progress(p: Progress, job: Job = job) -> None:
-                job.progress = {"step": p.step, "total": p.total, "loss": p.loss, "tokens_per_s": p.tokens_per_s, "eta_s": p.eta_s}
-                if p.step == p.total or p.step % 10 == 0:
-                    self._save(job)
 
-            try:
-                record = self.runner(job, examples, cfg, progress, stop.is_set)
-            except Cancelled:
-                self._finish(job, "cancelled")
-                continue
-            except Exception as e:  # the job fails, the worker lives on
-                log.error("training job %s failed:\n%s", job.id, traceback.format_exc())
-                self._finish(job, "failed", f"{type(e).__name__}: {e}")
-                continue
-            job.eval, job.skill_version = record.meta.get("eval"), record.version
-            try:
-                self.on_success(record)
-            except Exception as e:
-                log.error("registering %s failed:\n%s", record.name, traceback.format_exc())
-                self._finish(job, "failed", f"stored as version {record.version} but not registered: {e}")
-                continue
-            self._finish(job, "succeeded")
+def run_job(
+    job: Job,
+    examples: list[Example],
+    cfg: TrainConfig,
+    runner: Runner,
+    save: Callable[[Job], None],
+    finish: Callable[[Job, str, str | None], None],
+    on_success: Callable[[SkillRecord], None],
+    should_stop: Callable[[], bool],
+) -> None:
+    """Run one job to a terminal state; a failing job never takes its worker down."""
+
+    def progress(p: Progress) -> None:
+        job.progress = {"step": p.step, "total": p.total, "loss": p.loss, "tokens_per_s": p.tokens_per_s, "eta_s": p.eta_s}
+        if p.step == p.total or p.step % 10 == 0:
+            save(job)
+
+    try:
+        record = runner(job, examples, cfg, progress, should_stop)
+    except Cancelled:
+        finish(job, "cancelled", None)
+        return
+    except Exception as e:
+        log.error("training job %s failed:\n%s", job.id, traceback.format_exc())
+        finish(job, "failed", f"{type(e).__name__}: {e}")
+        return
+    job.eval, job.skill_version = record.meta.get("eval"), record.version
+    try:
+        on_success(record)
+    except Exception as e:
+        log.error("registering %s failed:\n%s", record.name, traceback.format_exc())
+        finish(job, "failed", f"stored as version {record.version} but not registered: {e}")
+        return
+    finish(job, "succeeded", None)

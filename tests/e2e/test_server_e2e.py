@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, dataset_dir
+from server.process import ServerProcess
+from tests.conftest import dataset_dir
 from trainer.evaluation import first_word_match
 
 pytestmark = pytest.mark.slow
@@ -28,54 +24,19 @@ TEST_ROWS = 40
 CONFIG = {"epochs": 2}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, data_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(data_dir.parent / f"server-{self.port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir)],
-            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            assert self.proc.poll() is None, Path(self.log.name).read_text()[-3000:]
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(1)
-        raise AssertionError("server did not come up: " + Path(self.log.name).read_text()[-3000:])
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
     return tmp_path_factory.mktemp("e2e") / "data"
 
 
 @pytest.fixture(scope="module")
-def server(data_dir: Path) -> Iterator[Server]:
-    s = Server(data_dir)
-    yield s
-    s.stop()
+def server(data_dir: Path) -> Iterator[ServerProcess]:
+    with ServerProcess(data_dir) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
-def client(server: Server):  # type: ignore[no-untyped-def]
+def client(server: ServerProcess):  # type: ignore[no-untyped-def]
     from openai import OpenAI
 
     return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -123,7 +84,7 @@ def ask_all(client, model: str, rows: list[dict]) -> list[tuple[str, str]]:  # t
         return list(pool.map(one, rows))
 
 
-def test_upload_learn_route_and_beat_the_base_model(server: Server, client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_upload_learn_route_and_beat_the_base_model(server: ServerProcess, client, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
     rows = agnews("train", TRAIN_ROWS)
     body = "\n".join(json.dumps(r) for r in rows).encode()
     r = httpx.post(server.url + "/tasks", files={"file": ("agnews.jsonl", body)}, data={"name": "agnews", "config": json.dumps(CONFIG)}, timeout=60)
@@ -150,11 +111,8 @@ def test_upload_learn_route_and_beat_the_base_model(server: Server, client, data
     assert acc_auto >= acc_base + 0.2
 
 
-def test_restart_keeps_the_skill(server: Server, data_dir: Path) -> None:
+def test_restart_keeps_the_skill(server: ServerProcess, data_dir: Path) -> None:
     server.stop()
-    again = Server(data_dir)
-    try:
+    with ServerProcess(data_dir) as again:
         ids = [m["id"] for m in httpx.get(again.url + "/v1/models", timeout=10).json()["data"]]
-        assert "agnews" in ids
-    finally:
-        again.stop()
+    assert "agnews" in ids

@@ -1,0 +1,90 @@
+"""The Redis job queue against the real Redis: a server that only enqueues, a worker elsewhere that
+trains into the shared store, and the skill_registered event that makes the server serve it."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import replace
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from adapters_store.store import SkillStore
+from router import Router
+from server.app import create_app
+from server.bootstrap import build_components, make_runner
+from server.config import ServerConfig
+from server.metrics import Metrics
+from tests.conftest import dataset_dir
+from trainer.redis_jobs import RedisJobQueue
+from trainer.worker import SkillTrainer
+
+URL = os.environ.get("SKILLPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="module")
+def prefix():  # type: ignore[no-untyped-def]
+    try:
+        redis.Redis.from_url(URL).ping()
+    except redis.RedisError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"no Redis at {URL} ({e}); set SKILLPOOL_TEST_REDIS_URL")
+    p = f"skillpool-test-{uuid.uuid4().hex[:8]}"
+    yield p
+    r = redis.Redis.from_url(URL)
+    keys = list(r.scan_iter(f"{p}:*"))
+    if keys:
+        r.delete(*keys)
+
+
+def wait(client: TestClient, job_id: str, timeout: float = 300) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = client.get(f"/tasks/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(job)
+
+
+def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = ServerConfig(data_dir=tmp_path, redis_url=URL, redis_prefix=prefix, run_trainer=False, default_max_tokens=4)
+    server = build_components(cfg, base=tiny_base, embedder=embedder)
+    trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder), tiny_base)
+    worker = RedisJobQueue(URL, make_runner(trainer, Metrics()), prefix=prefix)
+    lines = (dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()
+    try:
+        with TestClient(create_app(server)) as client:
+            r = client.post("/tasks", files={"file": ("s.jsonl", b"\n".join(lines[:30]))},
+                            data={"name": "sst-2", "config": json.dumps({"epochs": 1})})
+            assert r.status_code == 202, r.text
+            job = wait(client, r.json()["id"])
+            assert job["status"] == "succeeded" and job["skill_version"] == 1, job
+            assert [j["id"] for j in client.get("/tasks").json()["data"]] == [job["id"]]
+            deadline = time.time() + 30
+            while "sst-2" not in [m["id"] for m in client.get("/v1/models").json()["data"]] and time.time() < deadline:
+                time.sleep(0.2)
+            assert server.pool.get("sst-2") is not None, "the skill_registered event did not reach the server"
+            forced = client.post("/v1/chat/completions", json={"model": "sst-2", "messages": [{"role": "user", "content": "hi"}]})
+            assert forced.headers["x-skillpool-route"] == "sst-2=1.00"
+
+            # A cancelled job ends cancelled whether the worker had taken it or not.
+            r = client.post("/tasks", files={"file": ("s.jsonl", b"\n".join(lines[:200]))},
+                            data={"name": "slow", "config": json.dumps({"epochs": 20})})
+            job_id = r.json()["id"]
+            assert client.delete(f"/tasks/{job_id}").status_code == 200
+            assert wait(client, job_id)["status"] == "cancelled"
+            assert server.pool.get("slow") is None
+    finally:
+        worker.close()
+        server.close()
+
+
+def test_unreachable_redis_is_a_clear_error(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = replace(ServerConfig(data_dir=tmp_path), redis_url="redis://127.0.0.1:1/0")
+    with pytest.raises(ConnectionError, match="cannot reach Redis"):
+        build_components(cfg, base=tiny_base, embedder=embedder)

@@ -1,0 +1,154 @@
+"""The Redis-backed job queue: servers enqueue, trainer workers on any machine pull, events fan out.
+
+Keys (under a prefix, default "skillpool"):
+    {p}:job:{id}      the job record (JSON)            {p}:jobs    sorted set of job ids by creation
+    {p}:data:{id}     examples + config until taken    {p}:queue   list of queued job ids (FIFO)
+    {p}:cancel:{id}   set when a cancel is requested   {p}:events  pub/sub channel
+Workers and servers share the skill store (a volume or object storage mounted at the same data dir).
+When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
+server loads that version from the store and starts routing to it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from adapters_store.store import SkillRecord
+
+from .config import TrainConfig
+from .jobs import TERMINAL, Example, Job, Runner, run_job
+
+log = logging.getLogger(__name__)
+
+
+class RedisJobQueue:
+    def __init__(
+        self,
+        url: str,
+        runner: Runner | None,
+        on_success: Callable[[SkillRecord], None] | None = None,
+        on_finish: Callable[[Job], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        prefix: str = "skillpool",
+    ) -> None:
+        """`runner` None: enqueue only (no worker here). `on_event`: called for every published event."""
+        self.r = redis.Redis.from_url(url, decode_responses=True)
+        try:
+            self.r.ping()
+        except redis.RedisError as e:
+            raise ConnectionError(f"cannot reach Redis at {url}: {e}") from e
+        self.p = prefix
+        self.runner, self.on_success, self.on_finish, self.on_event = runner, on_success, on_finish, on_event
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        if runner is not None:
+            self._threads.append(threading.Thread(target=self._work, name="skillpool-trainer", daemon=True))
+        if on_event is not None:
+            self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(f"{self.p}:events")
+            self._threads.append(threading.Thread(target=self._listen, name="skillpool-events", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    # --- records ------------------------------------------------------------------------------
+    def _save(self, job: Job) -> None:
+        self.r.set(f"{self.p}:job:{job.id}", json.dumps(job.to_dict()))
+
+    def get(self, job_id: str) -> Job | None:
+        raw = self.r.get(f"{self.p}:job:{job_id}")
+        return Job(**{k: v for k, v in json.loads(raw).items() if k != "object"}) if raw else None
+
+    def list(self) -> list[Job]:
+        ids = self.r.zrevrange(f"{self.p}:jobs", 0, -1)
+        raws = self.r.mget([f"{self.p}:job:{i}" for i in ids]) if ids else []
+        return [Job(**{k: v for k, v in json.loads(x).items() if k != "object"}) for x in raws if x]
+
+    def depth(self) -> int:
+        return sum(1 for j in self.list() if j.status in ("queued", "running"))
+
+    # --- API ----------------------------------------------------------------------------------
+    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
+        job.status = "queued"
+        with self.r.pipeline() as pipe:  # MULTI/EXEC: a job is queued whole or not at all
+            pipe.set(f"{self.p}:job:{job.id}", json.dumps(job.to_dict()))
+            pipe.zadd(f"{self.p}:jobs", {job.id: job.created_at})
+            pipe.set(f"{self.p}:data:{job.id}", json.dumps({"examples": examples, "config": cfg.to_dict()}))
+            pipe.rpush(f"{self.p}:queue", job.id)
+            pipe.execute()
+        return job
+
+    def cancel(self, job_id: str) -> Job | None:
+        job = self.get(job_id)
+        if job is None or job.status in TERMINAL:
+            return job
+        self.r.set(f"{self.p}:cancel:{job_id}", 1)
+        if self.r.lrem(f"{self.p}:queue", 0, job_id):  # still queued: no worker has it
+            self.r.delete(f"{self.p}:data:{job_id}")
+            self._finish(job, "cancelled", None)
+        return self.get(job_id)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        self.r.publish(f"{self.p}:events", json.dumps(event))
+
+    def close(self) -> None:
+        self._closed.set()
+        if self.on_event is not None:
+            self._pubsub.close()
+
+    # --- worker -------------------------------------------------------------------------------
+    def _finish(self, job: Job, status: str, error: str | None) -> None:
+        job.status, job.error, job.finished_at = status, error, time.time()
+        self._save(job)
+        if self.on_finish is not None:
+            self.on_finish(job)
+
+    def _succeeded(self, record: SkillRecord) -> None:
+        if self.on_success is not None:
+            self.on_success(record)
+        self.publish({"type": "skill_registered", "name": record.name, "version": record.version})
+
+    def _work(self) -> None:
+        assert self.runner is not None
+        while not self._closed.is_set():
+            try:
+                item = self.r.blpop([f"{self.p}:queue"], timeout=1)
+            except redis.RedisError as e:
+                log.warning("job queue unreachable (%s); retrying", e)
+                time.sleep(2)
+                continue
+            if item is None:
+                continue
+            job_id = item[1]
+            job, raw = self.get(job_id), self.r.getdel(f"{self.p}:data:{job_id}")
+            if job is None or raw is None or job.status in TERMINAL:
+                continue
+            data = json.loads(raw)
+            job.status, job.started_at = "running", time.time()
+            self._save(job)
+            cancel_key = f"{self.p}:cancel:{job_id}"
+            run_job(
+                job, data["examples"], TrainConfig.from_dict(data["config"]), self.runner,
+                self._save, self._finish, self._succeeded, lambda: bool(self.r.exists(cancel_key)),
+            )
+
+    def _listen(self) -> None:
+        assert self.on_event is not None
+        while not self._closed.is_set():
+            try:
+                msg = self._pubsub.get_message(timeout=1.0)
+            except (redis.RedisError, ValueError, AttributeError):
+                if self._closed.is_set():
+                    return
+                time.sleep(1)
+                continue
+            if msg and msg.get("type") == "message":
+                try:
+                    self.on_event(json.loads(msg["data"]))
+                except Exception:
+                    log.exception("event handler failed for %s", msg.get("data"))
