@@ -27,4 +27,5 @@ class Metrics:
         self.training_queue = Gauge("skillpool_training_jobs_pending", "Training jobs queued or running", registry=r)
         self.training_loss = Gauge("skillpool_training_loss", "Latest smoothed training loss", ["skill"], registry=r)
         self.training_tokens_per_s = Gauge("skillpool_training_tokens_per_second", "Training throughput", ["skill"], registry=r)
+        self.routing_accuracy = Gauge("skillpool_routing_accuracy", "Share of a skill's held-out probe prompts routed to it (top-1)", ["skill"], registry=r)
         self.skill_eval = Gauge("skillpool_skill_eval_score", "Held-out score of each skill at training time", ["skill", "metric"], registry=r)

@@ -44,7 +44,27 @@ class SkillPool:
         score = (rec.meta.get("eval") or {}).get("score")
         if score is not None:
             self.metrics.skill_eval.labels(rec.name, rec.meta["eval"]["metric"]).set(score)
+        self.measure_routing()
         log.info("serving skill %s v%d", rec.name, rec.version)
+
+    def measure_routing(self) -> dict[str, float]:
+        """Route every skill's held-out probe prompts; the share that lands on the skill is its accuracy.
+
+        Re-measured for all skills whenever the pool changes, since a new skill can take traffic
+        from an old one.
+        """
+        records = self.records()
+        probes = [(rec.name, p["route_text"]) for rec in records for p in rec.probe()]
+        if not probes:
+            return {}
+        decisions = self.router.route([t for _, t in probes])
+        hits: dict[str, list[bool]] = {}
+        for (name, _), d in zip(probes, decisions):
+            hits.setdefault(name, []).append(bool(d.route) and d.route[0][0] == name)
+        acc = {name: sum(h) / len(h) for name, h in hits.items()}
+        for name, a in acc.items():
+            self.metrics.routing_accuracy.labels(name).set(a)
+        return acc
 
     def on_event(self, event: dict) -> None:  # type: ignore[type-arg]
         """A worker elsewhere stored a skill version: load it from the shared store unless we have it."""

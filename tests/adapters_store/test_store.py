@@ -93,3 +93,22 @@ def test_bad_names_are_rejected(bad: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("good", ["agnews", "sst-2", "task002_quoref", "a", "v1.2"])
 def test_good_names_pass(good: str) -> None:
     assert validate_skill_name(good) == good
+
+
+def test_local_model_dir_is_resolved_and_fingerprinted(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from adapters_store.base_model import resolve_base_model
+
+    bm = resolve_base_model(tiny_base.path)
+    assert bm.path == tiny_base.path and bm.model_id == tiny_base.path.name and bm.fingerprint == tiny_base.fingerprint
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        resolve_base_model(tmp_path)
+
+
+def test_packaged_default_model_is_converted_once(smollm) -> None:  # type: ignore[no-untyped-def]
+    from adapters_store.base_model import resolve_base_model
+
+    assert smollm.model_id == "SmolLM2-135M-Instruct"
+    assert (smollm.path / "model.safetensors").is_file() and (smollm.path / "tokenizer.json").is_file()
+    config = json.loads((smollm.path / "config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config
+    assert resolve_base_model() == smollm  # the cached conversion is reused

@@ -178,6 +178,7 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
     assert 'skillpool_route_decisions_total{reason="forced",skill="sst-2"}' in metrics
     assert 'skillpool_route_fallbacks_total{reason="below_threshold"}' in metrics
     assert "skillpool_time_to_first_token_seconds_count" in metrics
+    assert 'skillpool_routing_accuracy{skill="sst-2"} 1.0' in metrics  # its 4 held-out probes route to it
 
 
 def test_cancel_a_job(client: TestClient) -> None:
