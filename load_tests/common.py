@@ -16,7 +16,8 @@ def rows(group: str, task: str, split: str, n: int | None = None) -> list[dict[s
     path = DATASETS / group / task / f"{split}.jsonl"
     if not path.exists():
         raise SystemExit(f"{path} not found: these scripts read ../shared/datasets beside the repo")
-    lines = path.read_text().splitlines()
+    # split on "\n" only: str.splitlines would also cut at U+2028 inside JSON strings
+    lines = [x for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
     return [json.loads(x) for x in (lines[:n] if n else lines)]
 
 

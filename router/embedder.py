@@ -43,6 +43,6 @@ class SentenceEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
             vecs = self.model.encode(
-                list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+                list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             )
         return np.ascontiguousarray(vecs, dtype=np.float32)

@@ -1,7 +1,11 @@
-"""The router: one decision per request, `[(skill, weight)]` + confidence + reason.
+"""The router: one decision per request, `[(skill, weight)]` + score + reason.
 
-Keys of all skills live in one FAISS inner-product index over unit vectors (cosine). A request
-takes the top-k key slots over all skills; a temperature softmax over their scores, summed per
+Modes (a server setting; every skill stores the tensors of all key-based modes, so switching is free):
+  dtkr      grouped sub-keys trained per skill (SLM); slot score = mean over groups of chunk cosines
+  centroid  nearest k-means centroid of the skill's input embeddings (the baseline)
+  sapt      a learned query projector over the base model's token embeddings (router.sapt)
+For dtkr and centroid, all skills' keys live in one FAISS inner-product index over unit vectors. A
+request takes the top-k slots over all skills; a temperature softmax over their scores, summed per
 skill, gives the mix (JARe). If the best score is below the best skill's calibrated threshold the
 request goes to the base model and counts as a fallback.
 """
@@ -15,27 +19,35 @@ import faiss
 import numpy as np
 import torch
 
+from .dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
 from .embedder import Embedder
 from .keys import calibrate_threshold, centroid_keys
 
-KEYS = "centroid_keys"
+MODES = ("dtkr", "centroid")
+CENTROID, DTKR = "centroid_keys", "dtkr_keys"
 
 
 @dataclass(frozen=True)
 class RouterSettings:
-    n_keys: int = 8  # keys per skill
-    top_k: int = 8  # key slots retrieved per request
-    temperature: float = 0.05  # softmax temperature over cosine scores
+    mode: str = "centroid"  # dtkr stays opt-in until its thresholds are tuned (issue 3)
+    n_keys: int = 8  # K: key slots per skill
+    top_k: int = 8  # slots retrieved per request (over all skills)
+    temperature: float = 0.05  # softmax temperature over slot scores
     min_weight: float = 0.05  # skills below this share are dropped and the rest renormalized
-    threshold_percentile: float = 2.0
-    threshold_margin: float = 0.05
+    threshold_percentile: float = 2.0  # of the skill's own inputs' best score ...
+    threshold_margin: float = 0.05  # ... minus this margin
+    dtkr: DTKRSettings = field(default_factory=DTKRSettings)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"router mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
 
 @dataclass(frozen=True)
 class Decision:
     route: list[tuple[str, float]]
     reason: str  # matched | forced | base | below_threshold | no_skills
-    score: float = 0.0  # best cosine score among the retrieved keys
+    score: float = 0.0  # best slot score of the request
 
     @property
     def confidence(self) -> float:
@@ -47,7 +59,7 @@ class Decision:
 
 @dataclass
 class _SkillKeys:
-    keys: np.ndarray  # (K, d) unit rows
+    vectors: np.ndarray  # (K, D) unit rows in the mode's search space
     threshold: float
 
 
@@ -63,16 +75,49 @@ class Router:
 
     # --- keys ---------------------------------------------------------------------------------
     def prepare_keys(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Build a skill's router tensors from its training inputs (stored by adapters_store)."""
-        emb = self.embedder.embed(texts)
-        keys = centroid_keys(emb, self.settings.n_keys)
-        thr = calibrate_threshold(emb, keys, self.settings.threshold_percentile, self.settings.threshold_margin)
-        return {KEYS: torch.from_numpy(keys), "threshold": torch.tensor([thr], dtype=torch.float32)}
+        """A skill's router tensors from its training inputs: keys and thresholds for every mode."""
+        return self.prepare_keys_from_embeddings(self.embedder.embed(texts))
+
+    def prepare_keys_from_embeddings(self, emb: np.ndarray) -> dict[str, torch.Tensor]:
+        s = self.settings
+        cent = centroid_keys(emb, s.n_keys)
+        dtkr = train_dtkr_keys(emb, s.n_keys, s.dtkr)
+        thr_c = calibrate_threshold(emb, cent, s.threshold_percentile, s.threshold_margin)
+        best_d = slot_scores(emb, dtkr, s.dtkr.groups).max(axis=1)
+        thr_d = float(np.percentile(best_d, s.threshold_percentile) - s.threshold_margin)
+        return {
+            CENTROID: torch.from_numpy(cent),
+            DTKR: dtkr,
+            "threshold": torch.tensor([thr_c], dtype=torch.float32),  # centroid mode
+            "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
+        }
+
+    def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
+        """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
+        if self.settings.mode == "centroid" or DTKR not in tensors:
+            if self.settings.mode == "dtkr":  # a skill stored without DTKR keys: its centroids as sub-keys
+                g = self.settings.dtkr.groups
+                sub = split_groups(tensors[CENTROID].float(), g)
+                return _SkillKeys(sub.reshape(len(sub), -1).numpy() / np.sqrt(g), float(tensors["threshold"][0]))
+            return _SkillKeys(tensors[CENTROID].float().numpy(), float(tensors["threshold"][0]))
+        sub = tensors[DTKR].float()
+        if sub.shape[1] != self.settings.dtkr.groups:
+            raise ValueError(f"skill keys have {sub.shape[1]} groups, the router is set to {self.settings.dtkr.groups}")
+        # mean_g cos(q_g, k_g) = <concat(q̂_g), concat(k̂_g)> / G: one inner-product search is exact.
+        g = sub.shape[1]
+        return _SkillKeys(sub.reshape(len(sub), -1).numpy() / np.sqrt(g), float(tensors["threshold_dtkr"][0]))
+
+    def _query_vectors(self, emb: np.ndarray) -> np.ndarray:
+        if self.settings.mode == "centroid":
+            return emb
+        g = self.settings.dtkr.groups
+        q = split_groups(torch.from_numpy(emb), g).reshape(len(emb), -1).numpy() / np.sqrt(g)
+        return np.ascontiguousarray(q, dtype=np.float32)
 
     def add_skill(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        keys = tensors[KEYS].float().numpy()
+        keys = self._search_keys(tensors)
         with self._lock:
-            self._skills[name] = _SkillKeys(keys=np.ascontiguousarray(keys), threshold=float(tensors["threshold"][0]))
+            self._skills[name] = _SkillKeys(np.ascontiguousarray(keys.vectors, dtype=np.float32), keys.threshold)
             self._rebuild()
 
     def remove_skill(self, name: str) -> None:
@@ -88,8 +133,8 @@ class Router:
         index = faiss.IndexFlatIP(self.embedder.dim)
         owners: list[str] = []
         for name, sk in self._skills.items():
-            index.add(sk.keys)
-            owners.extend([name] * len(sk.keys))
+            index.add(sk.vectors)
+            owners.extend([name] * len(sk.vectors))
         self._index, self._owners = index, owners
 
     # --- routing ------------------------------------------------------------------------------
@@ -97,14 +142,17 @@ class Router:
         """One decision per text; all texts are embedded in one batch."""
         if not texts:
             return []
+        return self.route_embeddings(self.embedder.embed(texts))
+
+    def route_embeddings(self, emb: np.ndarray) -> list[Decision]:
         with self._lock:
             index, owners, skills = self._index, self._owners, dict(self._skills)
         if not owners:
-            return [Decision(route=[], reason="no_skills") for _ in texts]
-        emb = self.embedder.embed(texts)
+            return [Decision(route=[], reason="no_skills") for _ in range(len(emb))]
         k = min(self.settings.top_k, len(owners))
-        scores, ids = index.search(emb, k)
-        return [self._decide(scores[i], ids[i], owners, skills) for i in range(len(texts))]
+        # Both sides are scaled by 1/sqrt(G), so a dtkr score is the mean of group cosines in [-1, 1].
+        scores, ids = index.search(self._query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), k)
+        return [self._decide(scores[i], ids[i], owners, skills) for i in range(len(emb))]
 
     def _decide(self, scores: np.ndarray, ids: np.ndarray, owners: list[str], skills: dict[str, _SkillKeys]) -> Decision:
         best_skill, best = owners[ids[0]], float(scores[0])

@@ -26,6 +26,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
     p.add_argument("--max-waiting", type=int, default=d.max_waiting)
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    p.add_argument("--router-mode", choices=("centroid", "dtkr"), default=r.mode)
     p.add_argument("--router-keys", type=int, default=r.n_keys, help="keys per skill")
     p.add_argument("--router-top-k", type=int, default=r.top_k)
     p.add_argument("--router-temperature", type=float, default=r.temperature)
@@ -102,6 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
         redis_prefix=args.redis_prefix,
         run_trainer=not args.no_trainer,
         router=RouterSettings(
+            mode=args.router_mode,
             n_keys=args.router_keys,
             top_k=args.router_top_k,
             temperature=args.router_temperature,
@@ -124,7 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _worker_parser(sub)
+    ev = sub.add_parser("eval", help="benchmarks that are part of the product").add_subparsers(dest="what", required=True)
+    from router.evaluation import add_arguments as routing_arguments
+
+    routing_arguments(ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each"))
     args = parser.parse_args(argv)
+    if args.command == "eval" and args.what == "routing":
+        from router.evaluation import run as run_routing
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        run_routing(args)
+        return 0
     if args.command == "serve":
         return _serve(args)
     if args.command == "worker":

@@ -43,7 +43,7 @@ def client(server: ServerProcess):  # type: ignore[no-untyped-def]
 
 
 def agnews(split: str, n: int) -> list[dict]:
-    lines = (dataset_dir("long_sequence", "agnews") / f"{split}.jsonl").read_text().splitlines()[:n]
+    lines = (dataset_dir("long_sequence", "agnews") / f"{split}.jsonl").read_text(encoding="utf-8").split("\n")[:n]
     return [json.loads(x) for x in lines]
 
 

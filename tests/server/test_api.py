@@ -161,7 +161,7 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
     assert models["sst-2"]["parent"] == "tiny-llama" and models["sst-2"]["version"] == 1
     forced = chat(client, "anything", model="sst-2")
     assert forced.headers["x-skillpool-route"] == "sst-2=1.00" and forced.json()["skillpool"]["reason"] == "forced"
-    test_line = json.loads((dataset_dir("long_sequence", "sst-2") / "test.jsonl").read_text().splitlines()[0])
+    test_line = json.loads((dataset_dir("long_sequence", "sst-2") / "test.jsonl").read_text(encoding="utf-8").split("\n")[0])
     routed = chat(client, test_line["instruction"] + "\n" + test_line["input"])
     assert routed.json()["skillpool"]["route"][0]["skill"] == "sst-2"
     assert routed.headers["x-skillpool-route"].startswith("sst-2=")

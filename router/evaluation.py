@@ -1,0 +1,208 @@
+"""`skillpool eval routing`: learn tasks one by one into a fresh router and measure routing after each.
+
+After every addition, on every task's test inputs: top-1 routing accuracy and mix weight on the right
+skill and fallback rate for the tasks seen so far; for the tasks not yet added, how often they
+correctly fall back to the base model. Prints a table, writes JSON, optionally draws a confusion
+matrix and a routing-accuracy-vs-tasks curve. Needs no LLM (key modes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .embedder import SentenceEmbedder
+from .router import Decision, Router, RouterSettings
+
+
+@dataclass
+class Task:
+    name: str
+    train: list[str]
+    test: list[str]
+
+
+def task_text(row: dict[str, Any], mode: str) -> str:
+    if mode == "input-only":
+        return str(row.get("input") or row.get("instruction", ""))
+    return "\n".join(p for p in (row.get("instruction", ""), row.get("input", "")) if p)
+
+
+def load_task(folder: Path, mode: str, train_limit: int | None, test_limit: int | None) -> Task:
+    def read(split: str, limit: int | None) -> list[str]:
+        path = folder / f"{split}.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found (a task folder holds train.jsonl and test.jsonl)")
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+        return [task_text(r, mode) for r in rows[:limit]]
+
+    return Task(folder.name, read("train", train_limit), read("test", test_limit))
+
+
+def _top(d: Decision) -> str:
+    return d.route[0][0] if d.route else "base"
+
+
+def evaluate(tasks: list[Task], router: Router) -> dict[str, Any]:
+    """The whole learning sequence; embeddings are computed once per task."""
+    emb_train = {t.name: router.embedder.embed(t.train) for t in tasks}
+    emb_test = {t.name: router.embedder.embed(t.test) for t in tasks}
+    steps: list[dict[str, Any]] = []
+    final_decisions: dict[str, list[Decision]] = {}
+    for i, task in enumerate(tasks):
+        t0 = time.perf_counter()
+        router.add_skill(task.name, router.prepare_keys_from_embeddings(emb_train[task.name]))
+        prep_s = time.perf_counter() - t0
+        per_task: dict[str, dict[str, float]] = {}
+        for j, other in enumerate(tasks):
+            ds = router.route_embeddings(emb_test[other.name])
+            fb = float(np.mean([not d.route for d in ds]))
+            if j <= i:
+                per_task[other.name] = {
+                    "top1": float(np.mean([_top(d) == other.name for d in ds])),
+                    "weight": float(np.mean([dict(d.route).get(other.name, 0.0) for d in ds])),
+                    "fallback": fb,
+                    "n": len(ds),
+                }
+                if i == len(tasks) - 1:
+                    final_decisions[other.name] = ds
+            else:
+                per_task[other.name] = {"fallback_unseen": fb, "n": len(ds)}
+        seen = [v for v in per_task.values() if "top1" in v]
+        unseen = [v["fallback_unseen"] for v in per_task.values() if "fallback_unseen" in v]
+        steps.append({
+            "added": task.name,
+            "tasks_seen": i + 1,
+            "top1": float(np.mean([v["top1"] for v in seen])),
+            "weight": float(np.mean([v["weight"] for v in seen])),
+            "fallback_seen": float(np.mean([v["fallback"] for v in seen])),
+            "fallback_unseen": float(np.mean(unseen)) if unseen else None,
+            "prepare_s": prep_s,
+            "per_task": per_task,
+        })
+    names = [t.name for t in tasks]
+    labels = [*names, "base"]
+    confusion = [[sum(_top(d) == lab for d in final_decisions[n]) for lab in labels] for n in names]
+    last = steps[-1]
+    unseen_all = [s["fallback_unseen"] for s in steps if s["fallback_unseen"] is not None]
+    n_total = sum(len(final_decisions[n]) for n in names)
+    return {
+        "final": {
+            "top1": last["top1"],
+            "top1_micro": sum(confusion[i][i] for i in range(len(names))) / max(1, n_total),
+            "weight": last["weight"],
+            "fallback_seen": last["fallback_seen"],
+            # every task is seen at the end: unseen fallback is averaged over the steps where some were unseen
+            "fallback_unseen": float(np.mean(unseen_all)) if unseen_all else None,
+            "per_task": {n: last["per_task"][n] for n in names},
+        },
+        "steps": steps,
+        "confusion": {"labels": labels, "rows": names, "counts": confusion},
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"{'step':>4s} {'added':28s} {'top1':>6s} {'weight':>6s} {'fb_seen':>7s} {'fb_unseen':>9s}")
+    for s in result["steps"]:
+        fu = "-" if s["fallback_unseen"] is None else f"{s['fallback_unseen']:.3f}"
+        print(f"{s['tasks_seen']:4d} {s['added'][:28]:28s} {s['top1']:6.3f} {s['weight']:6.3f} {s['fallback_seen']:7.3f} {fu:>9s}")
+    f = result["final"]
+    print(f"\nfinal: top1 {f['top1']:.4f} (micro {f['top1_micro']:.4f}), weight {f['weight']:.4f}, "
+          f"fallback seen {f['fallback_seen']:.4f}, fallback unseen {f['fallback_unseen'] if f['fallback_unseen'] is None else round(f['fallback_unseen'], 4)}")
+    print("per task:", ", ".join(f"{n} {v['top1']:.3f}" for n, v in f["per_task"].items()))
+
+
+def plot(result: dict[str, Any], folder: Path, title: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = result["confusion"]
+    counts = np.array(conf["counts"], dtype=float)
+    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(1 + 0.6 * len(conf["labels"]), 1 + 0.55 * len(conf["rows"])))
+    im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(conf["labels"])), conf["labels"], rotation=60, ha="right")
+    ax.set_yticks(range(len(conf["rows"])), conf["rows"])
+    for i in range(share.shape[0]):
+        for j in range(share.shape[1]):
+            if counts[i, j]:
+                ax.text(j, i, f"{share[i, j]:.2f}", ha="center", va="center", fontsize=7, color="white" if share[i, j] > 0.5 else "black")
+    ax.set_xlabel("routed to (top-1)")
+    ax.set_ylabel("true task")
+    ax.set_title(f"routing confusion — {title}")
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    cm = folder / "routing_confusion.png"
+    fig.savefig(cm, dpi=120)
+    plt.close(fig)
+
+    steps = result["steps"]
+    x = [s["tasks_seen"] for s in steps]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [s["top1"] for s in steps], "o-", label="top-1 accuracy (seen tasks)")
+    ax.plot(x, [s["weight"] for s in steps], "s--", label="mix weight on the right skill")
+    ax.plot(x, [s["fallback_seen"] for s in steps], "^-", label="fallback rate, seen tasks")
+    fu = [(s["tasks_seen"], s["fallback_unseen"]) for s in steps if s["fallback_unseen"] is not None]
+    if fu:
+        ax.plot(*zip(*fu), "v-", label="fallback rate, unseen tasks")
+    ax.set_xlabel("tasks learned")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks(x)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.set_title(f"routing vs tasks — {title}")
+    fig.tight_layout()
+    curve = folder / "routing_curve.png"
+    fig.savefig(curve, dpi=120)
+    plt.close(fig)
+    return [cm, curve]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = RouterSettings()
+    p.add_argument("--tasks", type=Path, nargs="+", required=True, help="task folders (train.jsonl + test.jsonl), learned in this order")
+    p.add_argument("--router", choices=("dtkr", "centroid"), default=d.mode)
+    p.add_argument("--text", choices=("with-instruction", "input-only"), default="with-instruction")
+    p.add_argument("--train-limit", type=int, default=300)
+    p.add_argument("--test-limit", type=int, default=None, help="default: all test inputs")
+    p.add_argument("--json", type=Path, required=True, help="write the results here")
+    p.add_argument("--plots", type=Path, default=None, help="folder for routing_confusion.png and routing_curve.png")
+    p.add_argument("--keys", type=int, default=d.n_keys)
+    p.add_argument("--groups", type=int, default=d.dtkr.groups)
+    p.add_argument("--top-k", type=int, default=d.top_k)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--threshold-percentile", type=float, default=d.threshold_percentile)
+    p.add_argument("--threshold-margin", type=float, default=d.threshold_margin)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dataclasses import replace
+
+    d = RouterSettings()
+    settings = RouterSettings(
+        mode=args.router, n_keys=args.keys, top_k=args.top_k, temperature=args.temperature,
+        threshold_percentile=args.threshold_percentile, threshold_margin=args.threshold_margin,
+        dtkr=replace(d.dtkr, groups=args.groups),
+    )
+    tasks = [load_task(f, args.text, args.train_limit, args.test_limit) for f in args.tasks]
+    t0 = time.perf_counter()
+    result = evaluate(tasks, Router(SentenceEmbedder(), settings))
+    result["config"] = {"router": args.router, "text": args.text, "train_limit": args.train_limit, "test_limit": args.test_limit,
+                        "tasks": [t.name for t in tasks], "settings": {k: v for k, v in vars(args).items() if k not in ("tasks", "json", "plots")}}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    print_table(result)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2, default=str))
+    print(f"wrote {args.json}")
+    if args.plots:
+        for p in plot(result, args.plots, f"{args.router}, {args.text}"):
+            print(f"wrote {p}")
+    return result
