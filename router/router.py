@@ -69,6 +69,8 @@ class Router:
     settings: RouterSettings = field(default_factory=RouterSettings)
 
     def __post_init__(self) -> None:
+        self._index: faiss.Index
+        self._owners: list[str]
         self._skills: dict[str, _SkillKeys] = {}
         self._lock = threading.RLock()
         self._rebuild()
@@ -116,9 +118,16 @@ class Router:
 
     def add_skill(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
         keys = self._search_keys(tensors)
+        sk = _SkillKeys(np.ascontiguousarray(keys.vectors, dtype=np.float32), keys.threshold)
         with self._lock:
-            self._skills[name] = _SkillKeys(np.ascontiguousarray(keys.vectors, dtype=np.float32), keys.threshold)
-            self._rebuild()
+            replacing = name in self._skills
+            self._skills[name] = sk
+            if replacing:
+                self._rebuild()
+            else:  # append to fresh copies: a concurrent route() keeps using the old pair
+                index = faiss.clone_index(self._index)
+                index.add(sk.vectors)
+                self._index, self._owners = index, [*self._owners, *([name] * len(sk.vectors))]
 
     def remove_skill(self, name: str) -> None:
         with self._lock:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import threading
 
+import numpy as np
+
 from adapters_store.base_model import BaseModel
 from adapters_store.store import SkillRecord, SkillStore
 from router import Router
@@ -18,6 +20,7 @@ class SkillPool:
     def __init__(self, store: SkillStore, engine: HFEngine, router: Router, base: BaseModel, metrics: Metrics) -> None:
         self.store, self.engine, self.router, self.base, self.metrics = store, engine, router, base, metrics
         self._records: dict[str, SkillRecord] = {}
+        self._probe_emb: dict[tuple[str, int], np.ndarray] = {}  # probe embeddings, computed once per version
         self._lock = threading.Lock()
 
     def load_all(self) -> None:
@@ -25,11 +28,12 @@ class SkillPool:
         self.store.clean_tmp()
         for rec in self.store.list_latest():
             try:
-                self.register(rec)
+                self.register(rec, measure=False)
             except Exception as e:  # one broken skill must not keep the server down
                 log.error("not serving skill %s v%d: %s", rec.name, rec.version, e)
+        self.measure_routing()
 
-    def register(self, rec: SkillRecord) -> None:
+    def register(self, rec: SkillRecord, measure: bool = True) -> None:
         """Hot-add (or replace) a skill: the next batch can route to it; a running batch is untouched."""
         fp = rec.meta.get("base_model", {}).get("fingerprint")
         if fp != self.base.fingerprint:
@@ -44,7 +48,8 @@ class SkillPool:
         score = (rec.meta.get("eval") or {}).get("score")
         if score is not None:
             self.metrics.skill_eval.labels(rec.name, rec.meta["eval"]["metric"]).set(score)
-        self.measure_routing()
+        if measure:
+            self.measure_routing()
         log.info("serving skill %s v%d", rec.name, rec.version)
 
     def measure_routing(self) -> dict[str, float]:
@@ -53,13 +58,19 @@ class SkillPool:
         Re-measured for all skills whenever the pool changes, since a new skill can take traffic
         from an old one.
         """
-        records = self.records()
-        probes = [(rec.name, p["route_text"]) for rec in records for p in rec.probe()]
-        if not probes:
+        names: list[str] = []
+        embs: list[np.ndarray] = []
+        for rec in self.records():
+            key = (rec.name, rec.version)
+            if key not in self._probe_emb:
+                self._probe_emb[key] = self.router.embedder.embed([p["route_text"] for p in rec.probe()])
+            names += [rec.name] * len(self._probe_emb[key])
+            embs.append(self._probe_emb[key])
+        if not names:
             return {}
-        decisions = self.router.route([t for _, t in probes])
+        decisions = self.router.route_embeddings(np.concatenate(embs))
         hits: dict[str, list[bool]] = {}
-        for (name, _), d in zip(probes, decisions):
+        for name, d in zip(names, decisions):
             hits.setdefault(name, []).append(bool(d.route) and d.route[0][0] == name)
         acc = {name: sum(h) / len(h) for name, h in hits.items()}
         for name, a in acc.items():

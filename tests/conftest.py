@@ -35,7 +35,7 @@ def dataset_dir(group: str, task: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm() -> "object":
+def smollm() -> object:
     """The real packaged SmolLM2 (converted once into the cache)."""
     from adapters_store.base_model import resolve_base_model
 
@@ -85,3 +85,17 @@ def read_task(group: str, task: str, split: str, limit: int | None = None) -> li
     data = (dataset_dir(group, task) / f"{split}.jsonl").read_bytes()
     examples = parse_jsonl(data)
     return examples[:limit] if limit else examples
+
+
+def wait_job(client, job_id: str, timeout: float = 300) -> dict:  # type: ignore[no-untyped-def]
+    """Poll GET /tasks/{id} through a TestClient until the job reaches a terminal state."""
+    import time
+
+    deadline = time.time() + timeout
+    job: dict = {}
+    while time.time() < deadline:
+        job = client.get(f"/tasks/{job_id}").json()
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish: {job}")

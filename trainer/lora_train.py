@@ -65,6 +65,20 @@ def _collate(items: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+def answer_loss(peft_model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Next-token cross-entropy on answer tokens, projecting only those positions through the LM head.
+
+    Same value as the model's own loss, but the (tokens × vocab) logits are computed for the few
+    answer tokens only instead of every prompt token: about a fifth less compute for SmolLM2.
+    """
+    inner = peft_model.get_base_model()  # type: ignore[operator]
+    hidden = inner.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    targets = batch["labels"][:, 1:]
+    keep = targets != -100
+    logits = inner.get_output_embeddings()(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+
+
 def train_lora(
     model: nn.Module,
     tokenizer: Any,
@@ -109,7 +123,7 @@ def train_lora(
             if should_stop is not None and should_stop():
                 raise Cancelled()
             batch = {k: v.to(device) for k, v in _collate([encoded[i] for i in batch_ids], pad_id).items()}
-            loss = peft_model(**batch).loss
+            loss = answer_loss(peft_model, batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()

@@ -10,6 +10,7 @@ server loads that version from the store and starts routing to it.
 """
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import threading
@@ -73,7 +74,7 @@ class RedisJobQueue:
         return sum(1 for j in self.list() if j.status in ("queued", "running"))
 
     # --- API ----------------------------------------------------------------------------------
-    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
+    def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
         job.status = "queued"
         with self.r.pipeline() as pipe:  # MULTI/EXEC: a job is queued whole or not at all
             pipe.set(f"{self.p}:job:{job.id}", json.dumps(job.to_dict()))
@@ -124,7 +125,7 @@ class RedisJobQueue:
                 continue
             if item is None:
                 continue
-            job_id = item[1]
+            job_id = str(item[1])
             job, raw = self.get(job_id), self.r.getdel(f"{self.p}:data:{job_id}")
             if job is None or raw is None or job.status in TERMINAL:
                 continue
@@ -134,7 +135,7 @@ class RedisJobQueue:
             cancel_key = f"{self.p}:cancel:{job_id}"
             run_job(
                 job, data["examples"], TrainConfig.from_dict(data["config"]), self.runner,
-                self._save, self._finish, self._succeeded, lambda: bool(self.r.exists(cancel_key)),
+                self._save, self._finish, self._succeeded, lambda key=cancel_key: bool(self.r.exists(key)),
             )
 
     def _listen(self) -> None:

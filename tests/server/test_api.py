@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from fastapi.testclient import TestClient
 from server.app import create_app
 from server.bootstrap import build_components
 from server.config import ServerConfig
-from tests.conftest import dataset_dir
+from tests.conftest import dataset_dir, wait_job
 
 FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
 
@@ -38,16 +37,6 @@ def client(components):  # type: ignore[no-untyped-def]
 def chat(client: TestClient, content: str, **kw):  # type: ignore[no-untyped-def]
     body = {"model": "auto", "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 6, **kw}
     return client.post("/v1/chat/completions", json=body)
-
-
-def wait_job(client: TestClient, job_id: str, timeout: float = 300) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = client.get(f"/tasks/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
 
 
 def assert_error(resp, status: int, param: str | None, code: str | None = None) -> dict:  # type: ignore[no-untyped-def]

@@ -50,3 +50,20 @@ def test_metric_choice() -> None:
     assert metric_for(["World", "Science or Technology"]) == "exact_match"
     assert metric_for(["a long free-form answer about many things", "another one entirely"]) == "rouge_l"
     assert mean_score("exact_match", ["World", "Sports"], ["World", "World"]) == 0.5
+
+
+def test_answer_loss_equals_the_models_own_loss(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.lora_train import _collate, answer_loss, encode_example
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_base.path))
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_base.path)), LoraConfig(r=4, target_modules=["q_proj"])).eval()
+    exs = [{"messages": [{"role": "user", "content": c}], "answer": a} for c, a in [("Is it good?", "Yes, very"), ("Topic of: stocks fell", "Business")]]
+    batch = _collate([encode_example(tok, e, 128) for e in exs], tok.pad_token_id)
+    labels = batch["labels"]
+    assert (labels != -100).sum() == sum(len(tok(e["answer"], add_special_tokens=False)["input_ids"]) + 1 for e in exs)
+    with torch.no_grad():
+        assert torch.allclose(answer_loss(model, batch), model(**batch).loss, atol=1e-5)

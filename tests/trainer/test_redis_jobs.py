@@ -18,7 +18,7 @@ from server.app import create_app
 from server.bootstrap import build_components, make_runner
 from server.config import ServerConfig
 from server.metrics import Metrics
-from tests.conftest import dataset_dir
+from tests.conftest import dataset_dir, wait_job
 from trainer.redis_jobs import RedisJobQueue
 from trainer.worker import SkillTrainer
 
@@ -41,16 +41,6 @@ def prefix():  # type: ignore[no-untyped-def]
         r.delete(*keys)
 
 
-def wait(client: TestClient, job_id: str, timeout: float = 300) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = client.get(f"/tasks/{job_id}").json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.5)
-    raise AssertionError(job)
-
-
 def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
     cfg = ServerConfig(data_dir=tmp_path, redis_url=URL, redis_prefix=prefix, run_trainer=False, default_max_tokens=4)
     server = build_components(cfg, base=tiny_base, embedder=embedder)
@@ -62,7 +52,7 @@ def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embe
             r = client.post("/tasks", files={"file": ("s.jsonl", b"\n".join(lines[:30]))},
                             data={"name": "sst-2", "config": json.dumps({"epochs": 1})})
             assert r.status_code == 202, r.text
-            job = wait(client, r.json()["id"])
+            job = wait_job(client, r.json()["id"])
             assert job["status"] == "succeeded" and job["skill_version"] == 1, job
             assert [j["id"] for j in client.get("/tasks").json()["data"]] == [job["id"]]
             deadline = time.time() + 30
@@ -77,7 +67,7 @@ def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embe
                             data={"name": "slow", "config": json.dumps({"epochs": 20})})
             job_id = r.json()["id"]
             assert client.delete(f"/tasks/{job_id}").status_code == 200
-            assert wait(client, job_id)["status"] == "cancelled"
+            assert wait_job(client, job_id)["status"] == "cancelled"
             assert server.pool.get("slow") is None
     finally:
         worker.close()
