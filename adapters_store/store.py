@@ -107,14 +107,21 @@ class SkillStore:
             save_file({k: v.contiguous() for k, v in draft.router_tensors.items()}, str(tmp / ROUTER))
             (tmp / REPLAY).write_text(json.dumps(draft.replay))
             (tmp / PROBE).write_text(json.dumps(draft.probe))
+            (self.skills_dir / name).mkdir(exist_ok=True)
             with self._lock:
                 version = (self._versions(name) or [0])[-1] + 1
-                meta = {**draft.meta, "name": name, "version": version, "created": time.time()}
-                (tmp / META).write_text(json.dumps(meta, indent=2))
-                _fsync_dir_files(tmp)
-                target = self.skills_dir / name / f"v{version}"
-                target.parent.mkdir(exist_ok=True)
-                os.rename(tmp, target)
+                while True:
+                    meta = {**draft.meta, "name": name, "version": version, "created": time.time()}
+                    (tmp / META).write_text(json.dumps(meta, indent=2))
+                    _fsync_dir_files(tmp)
+                    target = self.skills_dir / name / f"v{version}"
+                    try:
+                        os.rename(tmp, target)  # fails if another process (a worker) took this version
+                        break
+                    except OSError:
+                        if not target.exists():
+                            raise
+                        version += 1
             return SkillRecord(name=name, version=version, path=target, meta=meta)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

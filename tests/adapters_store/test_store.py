@@ -112,3 +112,15 @@ def test_packaged_default_model_is_converted_once(smollm) -> None:  # type: igno
     config = json.loads((smollm.path / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
     assert resolve_base_model() == smollm  # the cached conversion is reused
+
+
+def test_two_stores_on_one_folder_never_overwrite_a_version(tmp_path: Path) -> None:
+    """A server and a worker (two processes) writing the same skill get distinct versions."""
+    a, b = SkillStore(tmp_path), SkillStore(tmp_path)
+    (tmp_path / "skills" / "agnews" / "v1").mkdir(parents=True)  # another writer's complete v1 appears ...
+    (tmp_path / "skills" / "agnews" / "v1" / "meta.json").write_text("{}")
+    assert a.write(draft()).version == 2
+    (tmp_path / "skills" / "agnews" / "v3").mkdir()  # ... and one not yet visible to _versions (no meta.json)
+    (tmp_path / "skills" / "agnews" / "v3" / "x").write_text("busy")
+    assert b.write(draft()).version == 4
+    assert (tmp_path / "skills" / "agnews" / "v3" / "x").read_text() == "busy"
