@@ -48,6 +48,10 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         return {"object": "skillpool.training_job", **asdict(self)}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Job:
+        return cls(**{k: v for k, v in d.items() if k != "object"})
+
 
 def new_job_id() -> str:
     return "job-" + uuid.uuid4().hex[:20]
@@ -91,7 +95,7 @@ class LocalJobQueue:
     def _load(self) -> None:
         for p in sorted(self.dir.glob("job-*.json")):
             try:
-                job = Job(**{k: v for k, v in json.loads(p.read_text()).items() if k != "object"})
+                job = Job.from_dict(json.loads(p.read_text()))
             except (ValueError, TypeError) as e:
                 log.warning("ignoring unreadable job record %s: %s", p, e)
                 continue

@@ -4,6 +4,7 @@ Keys (under a prefix, default "skillpool"):
     {p}:job:{id}      the job record (JSON)            {p}:jobs    sorted set of job ids by creation
     {p}:data:{id}     examples + config until taken    {p}:queue   list of queued job ids (FIFO)
     {p}:cancel:{id}   set when a cancel is requested   {p}:events  pub/sub channel
+    {p}:active        ids of queued or running jobs (so depth() does not read every record)
 Workers and servers share the skill store (a volume or object storage mounted at the same data dir).
 When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
 server loads that version from the store and starts routing to it.
@@ -63,15 +64,15 @@ class RedisJobQueue:
 
     def get(self, job_id: str) -> Job | None:
         raw = self.r.get(f"{self.p}:job:{job_id}")
-        return Job(**{k: v for k, v in json.loads(raw).items() if k != "object"}) if raw else None
+        return Job.from_dict(json.loads(raw)) if raw else None
 
     def list(self) -> list[Job]:
         ids = self.r.zrevrange(f"{self.p}:jobs", 0, -1)
         raws = self.r.mget([f"{self.p}:job:{i}" for i in ids]) if ids else []
-        return [Job(**{k: v for k, v in json.loads(x).items() if k != "object"}) for x in raws if x]
+        return [Job.from_dict(json.loads(x)) for x in raws if x]
 
     def depth(self) -> int:
-        return sum(1 for j in self.list() if j.status in ("queued", "running"))
+        return int(self.r.scard(f"{self.p}:active"))
 
     # --- API ----------------------------------------------------------------------------------
     def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
@@ -81,6 +82,7 @@ class RedisJobQueue:
             pipe.zadd(f"{self.p}:jobs", {job.id: job.created_at})
             pipe.set(f"{self.p}:data:{job.id}", json.dumps({"examples": examples, "config": cfg.to_dict()}))
             pipe.rpush(f"{self.p}:queue", job.id)
+            pipe.sadd(f"{self.p}:active", job.id)
             pipe.execute()
         return job
 
@@ -105,7 +107,10 @@ class RedisJobQueue:
     # --- worker -------------------------------------------------------------------------------
     def _finish(self, job: Job, status: str, error: str | None) -> None:
         job.status, job.error, job.finished_at = status, error, time.time()
-        self._save(job)
+        with self.r.pipeline() as pipe:
+            pipe.set(f"{self.p}:job:{job.id}", json.dumps(job.to_dict()))
+            pipe.srem(f"{self.p}:active", job.id)
+            pipe.execute()
         if self.on_finish is not None:
             self.on_finish(job)
 

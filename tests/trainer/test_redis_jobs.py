@@ -66,8 +66,10 @@ def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embe
             r = client.post("/tasks", files={"file": ("s.jsonl", b"\n".join(lines[:200]))},
                             data={"name": "slow", "config": json.dumps({"epochs": 20})})
             job_id = r.json()["id"]
+            assert server.jobs.depth() == 1  # queued or running, counted without reading every record
             assert client.delete(f"/tasks/{job_id}").status_code == 200
             assert wait_job(client, job_id)["status"] == "cancelled"
+            assert server.jobs.depth() == 0
             assert server.pool.get("slow") is None
     finally:
         worker.close()
