@@ -63,6 +63,19 @@ class _SkillKeys:
     threshold: float
 
 
+def _rows(x: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(x.numpy(), dtype=np.float32)
+
+
+def _flat_groups(sub: torch.Tensor) -> np.ndarray:
+    """(n, G, d/G) unit chunks → (n, d) rows scaled by 1/sqrt(G).
+
+    Both sides scaled so: <flat(q), flat(k)> = mean_g cos(q_g, k_g), and one inner-product search
+    over these rows is the exact DTKR slot score.
+    """
+    return _rows(sub.reshape(len(sub), -1) / np.sqrt(sub.shape[1]))
+
+
 @dataclass
 class Router:
     embedder: Embedder
@@ -96,29 +109,24 @@ class Router:
 
     def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
         """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
-        if self.settings.mode == "centroid" or DTKR not in tensors:
-            if self.settings.mode == "dtkr":  # a skill stored without DTKR keys: its centroids as sub-keys
-                g = self.settings.dtkr.groups
-                sub = split_groups(tensors[CENTROID].float(), g)
-                return _SkillKeys(sub.reshape(len(sub), -1).numpy() / np.sqrt(g), float(tensors["threshold"][0]))
-            return _SkillKeys(tensors[CENTROID].float().numpy(), float(tensors["threshold"][0]))
-        sub = tensors[DTKR].float()
-        if sub.shape[1] != self.settings.dtkr.groups:
-            raise ValueError(f"skill keys have {sub.shape[1]} groups, the router is set to {self.settings.dtkr.groups}")
-        # mean_g cos(q_g, k_g) = <concat(q̂_g), concat(k̂_g)> / G: one inner-product search is exact.
-        g = sub.shape[1]
-        return _SkillKeys(sub.reshape(len(sub), -1).numpy() / np.sqrt(g), float(tensors["threshold_dtkr"][0]))
+        if self.settings.mode == "centroid":
+            return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]))
+        g = self.settings.dtkr.groups
+        if DTKR in tensors:
+            sub, thr = tensors[DTKR].float(), float(tensors["threshold_dtkr"][0])
+            if sub.shape[1] != g:
+                raise ValueError(f"skill keys have {sub.shape[1]} groups, the router is set to {g}")
+        else:  # a skill stored without DTKR keys: its centroids as sub-keys
+            sub, thr = split_groups(tensors[CENTROID].float(), g), float(tensors["threshold"][0])
+        return _SkillKeys(_flat_groups(sub), thr)
 
     def _query_vectors(self, emb: np.ndarray) -> np.ndarray:
         if self.settings.mode == "centroid":
             return emb
-        g = self.settings.dtkr.groups
-        q = split_groups(torch.from_numpy(emb), g).reshape(len(emb), -1).numpy() / np.sqrt(g)
-        return np.ascontiguousarray(q, dtype=np.float32)
+        return _flat_groups(split_groups(torch.from_numpy(emb), self.settings.dtkr.groups))
 
     def add_skill(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
-        keys = self._search_keys(tensors)
-        sk = _SkillKeys(np.ascontiguousarray(keys.vectors, dtype=np.float32), keys.threshold)
+        sk = self._search_keys(tensors)
         with self._lock:
             replacing = name in self._skills
             self._skills[name] = sk
@@ -159,7 +167,6 @@ class Router:
         if not owners:
             return [Decision(route=[], reason="no_skills") for _ in range(len(emb))]
         k = min(self.settings.top_k, len(owners))
-        # Both sides are scaled by 1/sqrt(G), so a dtkr score is the mean of group cosines in [-1, 1].
         scores, ids = index.search(self._query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), k)
         return [self._decide(scores[i], ids[i], owners, skills) for i in range(len(emb))]
 
