@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from router.evaluation import task_text
+
 DATASETS = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
 
 
@@ -22,7 +24,8 @@ def rows(group: str, task: str, split: str, n: int | None = None) -> list[dict[s
 
 
 def user_text(row: dict[str, Any]) -> str:
-    return "\n".join(p for p in (row.get("instruction", ""), row.get("input", "")) if p)
+    """What a chat user sends for a benchmark row: instruction + input, as the router is evaluated."""
+    return task_text(row, "with-instruction")
 
 
 def upload(url: str, name: str, body: bytes, config: dict[str, Any] | None = None) -> httpx.Response:
