@@ -3,7 +3,7 @@
 Layout under the data dir:
     skills/<name>/v<N>/adapter_config.json, adapter_model.safetensors   (plain PEFT LoRA)
                        router.safetensors                                (the router's tensors)
-                       meta.json  replay.json  probe.json
+                       meta.json  replay.json  probe.json  pseudo.json
     tmp/                                                                 (in-progress writes)
 Only safetensors and JSON are ever read back; names are validated slugs, never raw paths.
 """
@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ META = "meta.json"
 ROUTER = "router.safetensors"
 REPLAY = "replay.json"
 PROBE = "probe.json"
+PSEUDO = "pseudo.json"  # SAPT generator samples (trainer/pseudo.py); absent in older skills
 _VERSION = re.compile(r"^v(\d+)$")
 
 
@@ -58,6 +59,9 @@ class SkillRecord:
     def probe(self) -> list[dict[str, Any]]:
         return _read_json_list(self.path / PROBE)
 
+    def pseudo(self) -> list[dict[str, Any]] | list[str]:
+        return _read_json_list(self.path / PSEUDO)
+
 
 def _read_json_list(path: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.exists() else []
@@ -73,6 +77,7 @@ class SkillDraft:
     meta: dict[str, Any]
     replay: list[dict[str, Any]]
     probe: list[dict[str, Any]]
+    pseudo: list[dict[str, Any]] | list[str] = field(default_factory=list)  # SAPT pseudo replay inputs
 
 
 class SkillStore:
@@ -107,6 +112,7 @@ class SkillStore:
             save_file({k: v.contiguous() for k, v in draft.router_tensors.items()}, str(tmp / ROUTER))
             (tmp / REPLAY).write_text(json.dumps(draft.replay))
             (tmp / PROBE).write_text(json.dumps(draft.probe))
+            (tmp / PSEUDO).write_text(json.dumps(draft.pseudo))
             (self.skills_dir / name).mkdir(exist_ok=True)
             with self._lock:
                 version = (self._versions(name) or [0])[-1] + 1

@@ -88,41 +88,78 @@ def train_lora(
     should_stop: Callable[[], bool] | None = None,
 ) -> nn.Module:
     """Wrap `model` with a fresh PEFT LoRA, train it on `examples`, return the PEFT model (train mode off)."""
+    peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
+    encoded = [encode_example(tokenizer, ex, cfg.max_seq_len) for ex in examples]
+    return fit(
+        peft_model,
+        encoded,
+        pad_id(tokenizer),
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        seed=cfg.seed,
+        weight_decay=cfg.weight_decay,
+        warmup_ratio=cfg.warmup_ratio,
+        on_progress=on_progress,
+        should_stop=should_stop,
+    )
+
+
+def pad_id(tokenizer: Any) -> int:
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+
+
+def add_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_modules: Sequence[str], seed: int) -> nn.Module:
+    """A fresh PEFT LoRA injected into `model` in place (`.unload()` takes it out); seeded so A's init repeats."""
     from peft import LoraConfig, get_peft_model
 
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    peft_model = get_peft_model(
+    torch.manual_seed(seed)
+    return get_peft_model(
         model,
-        LoraConfig(
-            r=cfg.rank,
-            lora_alpha=cfg.alpha,
-            lora_dropout=cfg.dropout,
-            target_modules=list(cfg.target_modules),
-            task_type="CAUSAL_LM",
-        ),
+        LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"),
     )
-    encoded = [encode_example(tokenizer, ex, cfg.max_seq_len) for ex in examples]
+
+
+def fit(
+    peft_model: nn.Module,
+    encoded: Sequence[tuple[list[int], list[int]]],
+    pad_token_id: int,
+    *,
+    epochs: float,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    weight_decay: float = 0.0,
+    warmup_ratio: float = 0.0,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> nn.Module:
+    """Train the PEFT model's trainable parameters on (token ids, labels) pairs with `answer_loss`.
+
+    AdamW, linear warmup then linear decay, grad-norm clip 1.0. Returns `peft_model` with train mode off.
+    """
+    if not encoded:
+        raise ValueError("nothing to train on: no encoded examples")  # else the step loop below never ends
+    rng = random.Random(seed)
     lengths = [len(x) for x, _ in encoded]
-    steps_per_epoch = math.ceil(len(encoded) / cfg.batch_size)
-    total = max(1, math.ceil(steps_per_epoch * cfg.epochs))
+    steps_per_epoch = math.ceil(len(encoded) / batch_size)
+    total = max(1, math.ceil(steps_per_epoch * epochs))
     params = [p for p in peft_model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    warmup = int(total * cfg.warmup_ratio)
+    opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+    warmup = int(total * warmup_ratio)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
     )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = next(peft_model.parameters()).device
     peft_model.train()
     step, tokens, t0, ema = 0, 0, time.monotonic(), None
     while step < total:
-        for batch_ids in _batches(lengths, cfg.batch_size, rng):
+        for batch_ids in _batches(lengths, batch_size, rng):
             if step >= total:
                 break
             if should_stop is not None and should_stop():
                 raise Cancelled()
-            batch = {k: v.to(device) for k, v in _collate([encoded[i] for i in batch_ids], pad_id).items()}
+            batch = {k: v.to(device) for k, v in _collate([encoded[i] for i in batch_ids], pad_token_id).items()}
             loss = answer_loss(peft_model, batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -46,6 +46,19 @@ def test_write_then_reload_from_a_new_store(tmp_path: Path) -> None:
     assert f.rank == 2 and f.scaling == 2.0
 
 
+def test_pseudo_inputs_round_trip_and_old_skills_without_them_still_load(tmp_path: Path) -> None:
+    store = SkillStore(tmp_path)
+    d = draft()
+    d.pseudo = ["Classify: stocks fell", "Classify: the team won"]
+    rec = store.write(d)
+    assert SkillStore(tmp_path).get("agnews").pseudo() == d.pseudo  # type: ignore[union-attr]
+    old = store.write(draft())  # no pseudo inputs given: an empty list, like replay
+    assert old.pseudo() == []
+    (rec.path / "pseudo.json").unlink()  # a skill written before pseudo.json existed
+    again = SkillStore(tmp_path).get("agnews", version=rec.version)
+    assert again is not None and again.pseudo() == [] and again.replay()[0]["answer"] == "x"
+
+
 def test_new_upload_of_a_name_is_a_new_version_and_latest_wins(tmp_path: Path) -> None:
     store = SkillStore(tmp_path)
     store.write(draft())
