@@ -1,10 +1,12 @@
 """Router cost per request with 10 vs 1,000 registered skills (synthetic keys), measured in one run.
 
-Synthetic skills get keys built from random unit vectors near real task embeddings, so retrieval does
-real work; the embedder is the real MiniLM. Prints p50/p99 per request (one request per call, as a
+Synthetic skills get random unit keys, an input covariance (dtkr's whitening is rebuilt over all of
+them) and, for sapt, a key for the query projector, so retrieval does real work at full size; the
+embedder is the real MiniLM and sapt pools the real SmolLM2 token embeddings. The index build after
+the last add is timed separately (first route). Prints p50/p99 per request (one request per call, as a
 lone chat request is routed) and per batch of 32, and the 1,000 / 10 ratios.
 
-    .venv/bin/python load_tests/bench_router.py [--mode centroid|dtkr] [--requests 200]
+    .venv/bin/python load_tests/bench_router.py [--mode dtkr|sapt|centroid] [--requests 200]
 """
 from __future__ import annotations
 
@@ -18,23 +20,32 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from load_tests.common import rows, user_text  # noqa: E402
-from router import Router, RouterSettings  # noqa: E402
+from router import MODES, Router, RouterSettings, TokenPooler  # noqa: E402
 from router.dtkr import split_groups  # noqa: E402
 from router.embedder import SentenceEmbedder  # noqa: E402
+from router.sapt import SAPTState  # noqa: E402
 
 
-def synthetic_router(embedder: SentenceEmbedder, n_skills: int, mode: str, seed: int = 0) -> Router:
+def synthetic_router(embedder: SentenceEmbedder, n_skills: int, mode: str, pooler: TokenPooler | None, seed: int = 0) -> Router:
     settings = RouterSettings(mode=mode)
-    router = Router(embedder, settings)
+    router = Router(embedder, settings, pooler)
     rng = np.random.default_rng(seed)
+    sapt = SAPTState(pooler.dim, settings.sapt) if pooler else None
     for i in range(n_skills):
         keys = rng.normal(size=(settings.n_keys, embedder.dim)).astype(np.float32)
         keys /= np.linalg.norm(keys, axis=1, keepdims=True)
         t = torch.from_numpy(keys)
-        router.add_skill(f"s{i}", {
+        a = rng.normal(size=(embedder.dim, 16)).astype(np.float32) / 16
+        tensors = {
             "centroid_keys": t, "dtkr_keys": split_groups(t, settings.dtkr.groups),
             "threshold": torch.tensor([0.0]), "threshold_dtkr": torch.tensor([0.0]),
-        })
+            "input_cov": torch.from_numpy(a @ a.T + 1e-3 * np.eye(embedder.dim, dtype=np.float32)).half(), "input_count": torch.tensor([300]),
+        }
+        if sapt is not None:
+            tensors["sapt_key"] = torch.from_numpy(rng.normal(size=pooler.dim).astype(np.float32))  # type: ignore[union-attr]
+            tensors["sapt_blocks"] = torch.tensor([i + 1])
+            tensors.update({k: v for k, v in sapt.projector_tensors().items()})
+        router.add_skill(f"s{i}", tensors)
     return router
 
 
@@ -50,21 +61,26 @@ def timings(router: Router, texts: list[str], batch: int) -> tuple[float, float]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=("centroid", "dtkr"), default="centroid")
+    ap.add_argument("--mode", choices=MODES, default=RouterSettings().mode)
     ap.add_argument("--requests", type=int, default=200)
     args = ap.parse_args()
     texts = [user_text(r) for t in ("agnews", "sst-2", "mnli", "boolqa") for r in rows("long_sequence", t, "test", args.requests // 4 + 32)]
     embedder = SentenceEmbedder()
     embedder.embed(texts[:8])  # warm-up
+    pooler = None
+    if args.mode == "sapt":
+        from adapters_store.base_model import resolve_base_model
+
+        pooler = TokenPooler.from_checkpoint(resolve_base_model().path, pool=RouterSettings().sapt.pool)
     res = {}
     for n in (10, 1000):
         t0 = time.perf_counter()
-        router = synthetic_router(embedder, n, args.mode)
+        router = synthetic_router(embedder, n, args.mode, pooler)
+        router.route(texts[:4])  # the first route builds the indexes (and the whitening) once
         build = time.perf_counter() - t0
-        router.route(texts[:4])
         res[n] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": build}
     print(f"router mode {args.mode}, {args.requests} single requests, MiniLM on {torch.get_num_threads()} threads")
-    print(f"{'skills':>7s} {'p50 ms/req':>11s} {'p99 ms/req':>11s} {'batch32 p50 ms/req':>19s} {'index build s':>14s}")
+    print(f"{'skills':>7s} {'p50 ms/req':>11s} {'p99 ms/req':>11s} {'batch32 p50 ms/req':>19s} {'add+build s':>14s}")
     for n, r in res.items():
         print(f"{n:7d} {1000 * r['single'][0]:11.2f} {1000 * r['single'][1]:11.2f} {1000 * r['batch32'][0]:19.2f} {r['build_s']:14.2f}")
     print(f"\n1000 / 10 skills, p50 single: {res[1000]['single'][0] / res[10]['single'][0]:.2f}x; "

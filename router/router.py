@@ -1,18 +1,27 @@
 """The router: one decision per request, `[(skill, weight)]` + score + reason.
 
 Modes (a server setting; every skill stores the tensors of all key-based modes, so switching is free):
-  dtkr      grouped sub-keys trained per skill (SLM); slot score = mean over groups of chunk cosines
+  dtkr      grouped sub-keys trained per skill (SLM); slot score = mean over groups of chunk cosines,
+            taken in a whitened query space (below)
   centroid  nearest k-means centroid of the skill's input embeddings (the baseline)
   sapt      a learned query projector over the base model's token embeddings (router.sapt)
 For dtkr and centroid, all skills' keys live in one FAISS inner-product index over unit vectors. A
 request takes the top-k slots over all skills; a temperature softmax over their scores, summed per
 skill, gives the mix (JARe). If the best score is below the best skill's calibrated threshold the
-request goes to the base model and counts as a fallback.
+request goes to the base model and counts as a fallback. SAPT's softmax has no "none of these", so in
+sapt mode the same calibrated centroid-key test is the open-set gate and the SAPT attention is the mix.
+
+Whitening (dtkr, `whiten`): MiniLM embeddings of different tasks share a few dominant directions
+(template words, length), so raw cosines separate look-alike tasks badly (amazon vs yelp, mnli vs
+cb). Every skill stores the covariance of its own input embeddings; the router pools them (the
+within-skill covariance, shrunk towards a multiple of I) and maps queries and keys through W = Σ^-½
+before grouping. No skill ever sees another skill's data. The open-set gate stays on the raw key
+scores, whose thresholds were calibrated when the skill was learned and do not move as skills are added.
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import faiss
@@ -21,26 +30,34 @@ import torch
 
 from .dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
 from .embedder import Embedder
-from .keys import calibrate_threshold, centroid_keys
+from .keys import calibrate_threshold, centroid_keys, held_out_best
+from .sapt import SAPTSettings, SAPTState, TokenPooler
 
-MODES = ("dtkr", "centroid")
+MODES = ("dtkr", "sapt", "centroid")
 CENTROID, DTKR = "centroid_keys", "dtkr_keys"
 
 
 @dataclass(frozen=True)
 class RouterSettings:
-    mode: str = "centroid"  # dtkr stays opt-in until its thresholds are tuned (issue 3)
+    mode: str = "dtkr"
     n_keys: int = 8  # K: key slots per skill
     top_k: int = 8  # slots retrieved per request (over all skills)
-    temperature: float = 0.05  # softmax temperature over slot scores
+    temperature: float = 0.02  # softmax temperature over slot scores (whitened cosines are small: 0.05 mixed too flat)
     min_weight: float = 0.05  # skills below this share are dropped and the rest renormalized
     threshold_percentile: float = 2.0  # of the skill's own inputs' best score ...
     threshold_margin: float = 0.05  # ... minus this margin
+    calibration_folds: int = 5  # those scores come from keys fitted on the other folds (not in-sample)
+    whiten: bool = True  # dtkr: score in the space whitened by the pooled within-skill covariance
+    # Σ ← (1-λ) Σ + λ tr(Σ)/d I keeps W stable with few skills or samples; None: λ = d / (d + inputs seen)
+    whiten_shrinkage: float | None = None
     dtkr: DTKRSettings = field(default_factory=DTKRSettings)
+    sapt: SAPTSettings = field(default_factory=SAPTSettings)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"router mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.whiten_shrinkage is not None and not 0 <= self.whiten_shrinkage <= 1:
+            raise ValueError(f"whiten_shrinkage must be in [0, 1], got {self.whiten_shrinkage}")
 
 
 @dataclass(frozen=True)
@@ -57,10 +74,29 @@ class Decision:
         return ",".join(f"{s}={w:.2f}" for s, w in self.route) if self.route else "base"
 
 
+@dataclass(frozen=True)
+class Features:
+    """What a batch of requests is routed on: sentence embeddings, and pooled token embeddings for sapt."""
+
+    emb: np.ndarray
+    pooled: torch.Tensor | None = None
+
+
 @dataclass
 class _SkillKeys:
-    vectors: np.ndarray  # (K, D) unit rows in the mode's search space
+    vectors: np.ndarray  # (K, D) unit rows in the gate's search space
     threshold: float
+    raw: np.ndarray | None = None  # (K, D) dtkr keys before whitening
+    cov: torch.Tensor | None = None  # (D, D) covariance of the skill's input embeddings
+    count: int = 0  # how many inputs that covariance was measured on
+
+
+def whitening(cov: np.ndarray, shrinkage: float) -> np.ndarray:
+    """W = Σ^-½ of the shrunk covariance (symmetric, so queries and keys map the same way)."""
+    d = cov.shape[0]
+    s = (1 - shrinkage) * cov + shrinkage * np.trace(cov) / d * np.eye(d)
+    w, v = np.linalg.eigh(s)
+    return ((v / np.sqrt(np.maximum(w, 1e-12))) @ v.T).astype(np.float32)
 
 
 def _rows(x: torch.Tensor) -> np.ndarray:
@@ -80,11 +116,20 @@ def _flat_groups(sub: torch.Tensor) -> np.ndarray:
 class Router:
     embedder: Embedder
     settings: RouterSettings = field(default_factory=RouterSettings)
+    pooler: TokenPooler | None = None  # the base model's token embeddings; sapt mode only
 
     def __post_init__(self) -> None:
-        self._index: faiss.Index
+        if self.settings.mode == "sapt" and self.pooler is None:
+            raise ValueError("router mode sapt needs the base model's token embeddings (a TokenPooler)")
+        self._index: faiss.Index  # gate (and, unwhitened, the mix): raw key rows
+        self._mix_index: faiss.Index | None = None  # whitened dtkr keys
+        self._white: np.ndarray | None = None
         self._owners: list[str]
         self._skills: dict[str, _SkillKeys] = {}
+        self._dirty = False
+        self._sapt_tensors: dict[str, dict[str, torch.Tensor]] = {}
+        self._sapt_attention: dict[str, dict[str, float]] = {}
+        self._sapt: SAPTState | None = None
         self._lock = threading.RLock()
         self._rebuild()
 
@@ -95,21 +140,51 @@ class Router:
 
     def prepare_keys_from_embeddings(self, emb: np.ndarray) -> dict[str, torch.Tensor]:
         s = self.settings
-        cent = centroid_keys(emb, s.n_keys)
-        dtkr = train_dtkr_keys(emb, s.n_keys, s.dtkr)
-        thr_c = calibrate_threshold(emb, cent, s.threshold_percentile, s.threshold_margin)
-        best_d = slot_scores(emb, dtkr, s.dtkr.groups).max(axis=1)
-        thr_d = float(np.percentile(best_d, s.threshold_percentile) - s.threshold_margin)
+        fit_c: Callable[[np.ndarray], np.ndarray] = lambda x: centroid_keys(x, s.n_keys)  # noqa: E731
+        fit_d: Callable[[np.ndarray], torch.Tensor] = lambda x: train_dtkr_keys(x, s.n_keys, s.dtkr)  # noqa: E731
+        cent, dtkr = fit_c(emb), fit_d(emb)
+        best_c = held_out_best(emb, fit_c, lambda x, k: (x @ k.T).max(axis=1), s.calibration_folds)
+        best_d = held_out_best(emb, fit_d, lambda x, k: slot_scores(x, k, s.dtkr.groups).max(axis=1), s.calibration_folds)
+        thr_c = calibrate_threshold(best_c, s.threshold_percentile, s.threshold_margin)
+        thr_d = calibrate_threshold(best_d, s.threshold_percentile, s.threshold_margin)
+        cov = np.cov(emb.T) if len(emb) > 1 else np.zeros((emb.shape[1], emb.shape[1]))
         return {
             CENTROID: torch.from_numpy(cent),
             DTKR: dtkr,
+            "input_cov": torch.from_numpy(cov.astype(np.float32)).half(),  # for the pooled whitening
+            "input_count": torch.tensor([len(emb)]),
             "threshold": torch.tensor([thr_c], dtype=torch.float32),  # centroid mode
             "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
         }
 
+    def prepare_sapt(self, name: str, train: Sequence[str], held: Sequence[str],
+                     replay: dict[str, Sequence[str]]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Learn skill `name` into a copy of the registered SAPT state: (its router tensors, its ā by block).
+
+        train/held: the skill's inputs; replay: replay (or pseudo) inputs of earlier skills, by name.
+        Nothing live changes until the skill is registered with add_skill.
+        """
+        assert self.pooler is not None
+        pool = self.pooler
+        return self.prepare_sapt_pooled(name, pool(train), pool(held), {n: pool(list(t)) for n, t in replay.items() if t})
+
+    def prepare_sapt_pooled(self, name: str, train: torch.Tensor, held: torch.Tensor,
+                            replay: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        state = self.sapt_state().learn(name, train, held, replay)
+        return state.skill_tensors(name), state.mean_attention[name]
+
+    def sapt_state(self) -> SAPTState:
+        """The shared SAPT state of the registered skills (what the next skill learns on top of)."""
+        if self.pooler is None:
+            raise ValueError("no TokenPooler: the router was built without the base model's token embeddings")
+        with self._lock:
+            if self._sapt is None:
+                self._sapt = SAPTState.from_skills(self.pooler.dim, self.settings.sapt, list(self._sapt_tensors.items()), self._sapt_attention)
+            return self._sapt
+
     def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
         """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
-        if self.settings.mode == "centroid":
+        if self.settings.mode in ("centroid", "sapt"):
             return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]))
         g = self.settings.dtkr.groups
         if DTKR in tensors:
@@ -118,69 +193,131 @@ class Router:
                 raise ValueError(f"skill keys have {sub.shape[1]} groups, the router is set to {g}")
         else:  # a skill stored without DTKR keys: its centroids as sub-keys
             sub, thr = split_groups(tensors[CENTROID].float(), g), float(tensors["threshold"][0])
-        return _SkillKeys(_flat_groups(sub), thr)
+        cov = tensors["input_cov"].float() if "input_cov" in tensors else None
+        count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
+        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count)
+
+    @property
+    def _whitened(self) -> bool:
+        return self.settings.mode == "dtkr" and self.settings.whiten
+
+    def _white_rows(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return _flat_groups(split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), self.settings.dtkr.groups))
 
     def _query_vectors(self, emb: np.ndarray) -> np.ndarray:
-        if self.settings.mode == "centroid":
+        if self.settings.mode in ("centroid", "sapt"):
             return emb
         return _flat_groups(split_groups(torch.from_numpy(emb), self.settings.dtkr.groups))
 
-    def add_skill(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    def add_skill(self, name: str, tensors: dict[str, torch.Tensor], sapt_attention: dict[str, float] | None = None) -> None:
+        """Register (or replace) a skill's keys; `sapt_attention` is its stored mean attention ā (sapt)."""
         sk = self._search_keys(tensors)
         with self._lock:
-            replacing = name in self._skills
+            if "sapt_key" in tensors:
+                self._sapt_tensors.pop(name, None)
+                self._sapt_tensors[name] = tensors
+                self._sapt = None
+            if sapt_attention is not None:
+                self._sapt_attention[name] = sapt_attention
             self._skills[name] = sk
-            if replacing:
-                self._rebuild()
-            else:  # append to fresh copies: a concurrent route() keeps using the old pair
-                index = faiss.clone_index(self._index)
-                index.add(sk.vectors)
-                self._index, self._owners = index, [*self._owners, *([name] * len(sk.vectors))]
+            self._dirty = True  # rebuilt on the next route: adding 1,000 skills costs one rebuild
 
     def remove_skill(self, name: str) -> None:
         with self._lock:
+            if self._sapt_tensors.pop(name, None) is not None:
+                self._sapt = None
+            self._sapt_attention.pop(name, None)
             if self._skills.pop(name, None) is not None:
-                self._rebuild()
+                self._dirty = True
 
     @property
     def skills(self) -> list[str]:
         return list(self._skills)
 
     def _rebuild(self) -> None:
+        """New indexes from all skills (under the lock); a concurrent route keeps the old ones."""
         index = faiss.IndexFlatIP(self.embedder.dim)
         owners: list[str] = []
         for name, sk in self._skills.items():
             index.add(sk.vectors)
             owners.extend([name] * len(sk.vectors))
-        self._index, self._owners = index, owners
+        mix_index, white = None, None
+        if self._whitened and self._skills:
+            covs = [sk.cov for sk in self._skills.values() if sk.cov is not None]
+            d, n = self.embedder.dim, sum(sk.count for sk in self._skills.values() if sk.cov is not None)
+            lam = self.settings.whiten_shrinkage if self.settings.whiten_shrinkage is not None else d / (d + n)
+            white = whitening(torch.stack(covs).mean(0).double().numpy(), lam) if covs else np.eye(d, dtype=np.float32)
+            mix_index = faiss.IndexFlatIP(self.embedder.dim)
+            for sk in self._skills.values():
+                assert sk.raw is not None
+                mix_index.add(self._white_rows(sk.raw, white))
+        self._index, self._mix_index, self._white, self._owners = index, mix_index, white, owners
+        self._dirty = False
 
     # --- routing ------------------------------------------------------------------------------
+    def features(self, texts: Sequence[str]) -> Features:
+        """Everything routing needs from a batch of texts, computed in one batch."""
+        pooled = self.pooler(texts) if self.settings.mode == "sapt" and self.pooler is not None else None
+        return Features(self.embedder.embed(texts), pooled)
+
     def route(self, texts: Sequence[str]) -> list[Decision]:
         """One decision per text; all texts are embedded in one batch."""
         if not texts:
             return []
-        return self.route_embeddings(self.embedder.embed(texts))
+        return self.route_features(self.features(texts))
 
-    def route_embeddings(self, emb: np.ndarray) -> list[Decision]:
+    def route_embeddings(self, emb: np.ndarray, pooled: torch.Tensor | None = None) -> list[Decision]:
+        return self.route_features(Features(emb, pooled))
+
+    def route_features(self, f: Features) -> list[Decision]:
         with self._lock:
-            index, owners, skills = self._index, self._owners, dict(self._skills)
+            if self._dirty:
+                self._rebuild()
+            index, mix_index, white, owners, skills = self._index, self._mix_index, self._white, self._owners, dict(self._skills)
         if not owners:
-            return [Decision(route=[], reason="no_skills") for _ in range(len(emb))]
+            return [Decision(route=[], reason="no_skills") for _ in range(len(f.emb))]
         k = min(self.settings.top_k, len(owners))
-        scores, ids = index.search(self._query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), k)
-        return [self._decide(scores[i], ids[i], owners, skills) for i in range(len(emb))]
+        emb = np.ascontiguousarray(f.emb, dtype=np.float32)
+        scores, ids = index.search(self._query_vectors(emb), 1 if mix_index is not None else k)
+        if mix_index is not None and white is not None:  # gate on raw scores, mix on whitened ones
+            m_scores, m_ids = mix_index.search(self._white_rows(emb, white), k)
+            return [self._decide(scores[i], ids[i], owners, skills, m_scores[i], m_ids[i]) for i in range(len(emb))]
+        if self.settings.mode != "sapt":
+            return [self._decide(scores[i], ids[i], owners, skills) for i in range(len(emb))]
+        if f.pooled is None:
+            raise ValueError("router mode sapt routes on pooled token embeddings: use features()/route()")
+        state = self.sapt_state()
+        attention = state.attention(f.pooled).numpy()
+        return [self._decide_sapt(scores[i], ids[i], owners, skills, state.names, attention[i]) for i in range(len(f.emb))]
 
-    def _decide(self, scores: np.ndarray, ids: np.ndarray, owners: list[str], skills: dict[str, _SkillKeys]) -> Decision:
+    def _decide_sapt(self, scores: np.ndarray, ids: np.ndarray, owners: list[str], skills: dict[str, _SkillKeys],
+                     names: list[str], attention: np.ndarray) -> Decision:
+        best = float(scores[0])
+        if best < skills[owners[ids[0]]].threshold:
+            return Decision(route=[], reason="below_threshold", score=best)
+        if not names:
+            return Decision(route=[], reason="no_skills", score=best)
+        return Decision(route=self._mix(dict(zip(names, attention.tolist()))), reason="matched", score=best)
+
+    def _mix(self, per_skill: dict[str, float]) -> list[tuple[str, float]]:
+        """Keep the top-k skills with at least min_weight, renormalized, heaviest first."""
+        top = sorted(per_skill.items(), key=lambda sw: -sw[1])[: self.settings.top_k]
+        kept = {s: w for s, w in top if w >= self.settings.min_weight} or dict(top[:1])
+        total = sum(kept.values())
+        return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
+
+    def _decide(self, scores: np.ndarray, ids: np.ndarray, owners: list[str], skills: dict[str, _SkillKeys],
+                mix_scores: np.ndarray | None = None, mix_ids: np.ndarray | None = None) -> Decision:
         best_skill, best = owners[ids[0]], float(scores[0])
         if best < skills[best_skill].threshold:
             return Decision(route=[], reason="below_threshold", score=best)
+        if mix_scores is not None and mix_ids is not None:
+            scores, ids = mix_scores, mix_ids
         logits = (scores - scores.max()) / self.settings.temperature
         p = np.exp(logits)
         p /= p.sum()
         per_skill: dict[str, float] = {}
         for j, w in zip(ids, p):
             per_skill[owners[j]] = per_skill.get(owners[j], 0.0) + float(w)
-        kept = {s: w for s, w in per_skill.items() if w >= self.settings.min_weight}
-        total = sum(kept.values())
-        route = sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
-        return Decision(route=route, reason="matched", score=best)
+        return Decision(route=self._mix(per_skill), reason="matched", score=best)
+

@@ -6,7 +6,7 @@ import time
 
 from adapters_store.base_model import BaseModel, resolve_base_model
 from adapters_store.store import SkillRecord, SkillStore
-from router import Router
+from router import Router, RouterSettings, TokenPooler
 from router.embedder import Embedder, SentenceEmbedder
 from trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
 from trainer.redis_jobs import RedisJobQueue
@@ -35,6 +35,12 @@ def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
     return run
 
 
+def make_router(settings: RouterSettings, base: BaseModel, embedder: Embedder | None = None) -> Router:
+    """The router for these settings; sapt also reads the base model's token-embedding table."""
+    pooler = TokenPooler.from_checkpoint(base.path, settings.sapt.max_tokens, settings.sapt.pool) if settings.mode == "sapt" else None
+    return Router(embedder or SentenceEmbedder(), settings, pooler)
+
+
 def build_components(
     cfg: ServerConfig,
     base: BaseModel | None = None,
@@ -47,7 +53,7 @@ def build_components(
     metrics = Metrics()
     store = SkillStore(cfg.data_dir)
     engine = engine or HFEngine(base.path, device=cfg.device)
-    router = Router(embedder or SentenceEmbedder(), cfg.router)
+    router = make_router(cfg.router, base, embedder)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
     trainer = trainer or SkillTrainer(store, router, base, device=cfg.device)

@@ -5,16 +5,42 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from router import RouterSettings
+from router import MODES, RouterSettings
+from router.sapt import REPLAY_SOURCES
 
 from .config import ServerConfig
 
 
+def _router_arguments(p: argparse.ArgumentParser) -> None:
+    r = RouterSettings()
+    p.add_argument("--router-mode", choices=MODES, default=r.mode, help="dtkr (SLM keys), sapt (query projector) or centroid (baseline)")
+    p.add_argument("--router-keys", type=int, default=r.n_keys, help="keys per skill")
+    p.add_argument("--router-top-k", type=int, default=r.top_k)
+    p.add_argument("--router-temperature", type=float, default=r.temperature)
+    p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
+    p.add_argument("--router-threshold-margin", type=float, default=r.threshold_margin)
+    p.add_argument("--sapt-replay", choices=REPLAY_SOURCES, default=r.sapt.replay, help="sapt: replay the stored real samples or generated pseudo inputs")
+    p.add_argument("--sapt-lambda", type=float, default=r.sapt.arm_lambda, help="sapt: weight of attentive reflection")
+
+
+def _router_settings(args: argparse.Namespace) -> RouterSettings:
+    r = RouterSettings()
+    return RouterSettings(
+        mode=args.router_mode,
+        n_keys=args.router_keys,
+        top_k=args.router_top_k,
+        temperature=args.router_temperature,
+        threshold_percentile=args.router_threshold_percentile,
+        threshold_margin=args.router_threshold_margin,
+        sapt=replace(r.sapt, replay=args.sapt_replay, arm_lambda=args.sapt_lambda),
+    )
+
+
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d = ServerConfig()
-    r = RouterSettings()
     p = sub.add_parser("serve", help="run the OpenAI-compatible server with an in-process trainer")
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
@@ -26,12 +52,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
     p.add_argument("--max-waiting", type=int, default=d.max_waiting)
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
-    p.add_argument("--router-mode", choices=("centroid", "dtkr"), default=r.mode)
-    p.add_argument("--router-keys", type=int, default=r.n_keys, help="keys per skill")
-    p.add_argument("--router-top-k", type=int, default=r.top_k)
-    p.add_argument("--router-temperature", type=float, default=r.temperature)
-    p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
-    p.add_argument("--router-threshold-margin", type=float, default=r.threshold_margin)
+    _router_arguments(p)
     p.add_argument("--redis-url", default=os.environ.get("SKILLPOOL_REDIS_URL"), help="job queue and skill events in Redis (env SKILLPOOL_REDIS_URL)")
     p.add_argument("--redis-prefix", default=d.redis_prefix)
     p.add_argument("--no-trainer", action="store_true", help="with --redis-url: only enqueue; `skillpool worker` trains")
@@ -45,6 +66,7 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--data-dir", type=Path, default=ServerConfig().data_dir, help="the skill store shared with the servers")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--device", default=None)
+    _router_arguments(p)
     p.add_argument("--log-level", default="info")
 
 
@@ -54,19 +76,18 @@ def _worker(args: argparse.Namespace) -> int:
 
     from adapters_store.base_model import resolve_base_model
     from adapters_store.store import SkillStore
-    from router import Router
-    from router.embedder import SentenceEmbedder
     from trainer.redis_jobs import RedisJobQueue
     from trainer.worker import SkillTrainer
 
-    from .bootstrap import make_runner
+    from .bootstrap import make_router, make_runner
     from .metrics import Metrics
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     base = resolve_base_model(args.model)
     store = SkillStore(args.data_dir)
-    trainer = SkillTrainer(store, Router(SentenceEmbedder()), base, device=args.device)
+    # the worker's router only prepares keys; it re-reads the shared store before each sapt job
+    trainer = SkillTrainer(store, make_router(_router_settings(args), base), base, device=args.device, sync_router=True)
     queue = RedisJobQueue(args.redis_url, make_runner(trainer, Metrics()), prefix=args.redis_prefix)
     print(f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}", file=sys.stderr, flush=True)
     done = threading.Event()
@@ -102,14 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
         run_trainer=not args.no_trainer,
-        router=RouterSettings(
-            mode=args.router_mode,
-            n_keys=args.router_keys,
-            top_k=args.router_top_k,
-            temperature=args.router_temperature,
-            threshold_percentile=args.router_threshold_percentile,
-            threshold_margin=args.router_threshold_margin,
-        ),
+        router=_router_settings(args),
     )
     components = build_components(cfg)
     app = create_app(components)

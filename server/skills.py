@@ -5,10 +5,11 @@ import logging
 import threading
 
 import numpy as np
+import torch
 
 from adapters_store.base_model import BaseModel
 from adapters_store.store import SkillRecord, SkillStore
-from router import Router
+from router import Features, Router
 
 from .engine_hf import HFEngine
 from .metrics import Metrics
@@ -20,7 +21,7 @@ class SkillPool:
     def __init__(self, store: SkillStore, engine: HFEngine, router: Router, base: BaseModel, metrics: Metrics) -> None:
         self.store, self.engine, self.router, self.base, self.metrics = store, engine, router, base, metrics
         self._records: dict[str, SkillRecord] = {}
-        self._probe_emb: dict[tuple[str, int], np.ndarray] = {}  # probe embeddings, computed once per version
+        self._probe_feats: dict[tuple[str, int], Features] = {}  # probe features, computed once per version
         self._lock = threading.Lock()
 
     def load_all(self) -> None:
@@ -42,7 +43,7 @@ class SkillPool:
         tensors = rec.router_tensors()
         with self._lock:
             self.engine.add_adapter(rec.name, adapter)
-            self.router.add_skill(rec.name, tensors)
+            self.router.add_skill(rec.name, tensors, (rec.meta.get("router") or {}).get("sapt_attention"))
             self._records[rec.name] = rec
             self.metrics.skills.set(len(self._records))
         score = (rec.meta.get("eval") or {}).get("score")
@@ -59,16 +60,17 @@ class SkillPool:
         from an old one.
         """
         names: list[str] = []
-        embs: list[np.ndarray] = []
+        feats: list[Features] = []
         for rec in self.records():
             key = (rec.name, rec.version)
-            if key not in self._probe_emb:
-                self._probe_emb[key] = self.router.embedder.embed([p["route_text"] for p in rec.probe()])
-            names += [rec.name] * len(self._probe_emb[key])
-            embs.append(self._probe_emb[key])
+            if key not in self._probe_feats:
+                self._probe_feats[key] = self.router.features([p["route_text"] for p in rec.probe()])
+            names += [rec.name] * len(self._probe_feats[key].emb)
+            feats.append(self._probe_feats[key])
         if not names:
             return {}
-        decisions = self.router.route_embeddings(np.concatenate(embs))
+        pooled = [f.pooled for f in feats if f.pooled is not None]
+        decisions = self.router.route_features(Features(np.concatenate([f.emb for f in feats]), torch.cat(pooled) if pooled else None))
         hits: dict[str, list[bool]] = {}
         for name, d in zip(names, decisions):
             hits.setdefault(name, []).append(bool(d.route) and d.route[0][0] == name)

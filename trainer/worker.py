@@ -14,6 +14,7 @@ from router import Router
 from .config import TrainConfig
 from .evaluation import generate_greedy, mean_score, metric_for
 from .lora_train import Progress, save_adapter, train_lora
+from .pseudo import GeneratorConfig, pseudo_replay
 
 log = logging.getLogger(__name__)
 Example = dict[str, Any]
@@ -33,8 +34,10 @@ def split_examples(examples: list[Example], cfg: TrainConfig) -> tuple[list[Exam
 class SkillTrainer:
     """Trains skills against one base model and one router; used by the job queue's worker."""
 
-    def __init__(self, store: SkillStore, router: Router, base: BaseModel, device: str | None = None) -> None:
-        self.store, self.router, self.base, self.device = store, router, base, device
+    def __init__(self, store: SkillStore, router: Router, base: BaseModel, device: str | None = None, sync_router: bool = False) -> None:
+        """`sync_router`: the router is private to this trainer (a Redis worker), so it is refreshed from the
+        shared store before each job; a server's trainer shares the live router, which is always current."""
+        self.store, self.router, self.base, self.device, self.sync_router = store, router, base, device, sync_router
 
     def _load_base(self) -> tuple[Any, Any]:
         import torch
@@ -55,8 +58,18 @@ class SkillTrainer:
         should_stop: Callable[[], bool] | None = None,
     ) -> SkillRecord:
         train, held, replay, probe = split_examples(examples, cfg)
-        router_tensors = self.router.prepare_keys([e["route_text"] for e in train])
+        train_texts = [e["route_text"] for e in train]
+        router_tensors = self.router.prepare_keys(train_texts)
+        router_meta: dict[str, Any] = {"mode": self.router.settings.mode, "threshold": float(router_tensors["threshold"][0])}
         model, tok = self._load_base()
+        sapt = self.router.settings.sapt
+        pseudo: list[str] = []
+        if self.router.settings.mode == "sapt":
+            if sapt.replay == "pseudo":  # this skill's own pseudo inputs, replayed when later skills learn
+                pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
+            tensors, attention = self.router.prepare_sapt(name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name))
+            router_tensors.update(tensors)
+            router_meta["sapt_attention"] = attention
         peft_model = train_lora(model, tok, train, cfg, on_progress=on_progress, should_stop=should_stop)
         eval_result = self.evaluate(peft_model, tok, train, held)
         draft = SkillDraft(
@@ -68,12 +81,27 @@ class SkillTrainer:
                 "training": {"method": method, "config": cfg.to_dict()},
                 "eval": eval_result,
                 "samples": {"total": len(examples), "train": len(train), "eval": len(held), "replay": len(replay), "probe": len(probe)},
-                "router": {"kind": "centroid_keys", "threshold": float(router_tensors["threshold"][0])},
+                "router": router_meta,
             },
             replay=replay,
             probe=probe,
+            pseudo=pseudo,
         )
         return self.store.write(draft)
+
+    def _replay_inputs(self, name: str) -> dict[str, list[str]]:
+        """Earlier skills' replay inputs for attentive reflection: their stored real samples, or their
+        generated pseudo inputs when the setting asks for them and the skill has some."""
+        if self.sync_router:
+            for rec in self.store.list_latest():
+                self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
+        out: dict[str, list[str]] = {}
+        for rec in self.store.list_latest():
+            if rec.name == name:
+                continue
+            pseudo = rec.pseudo() if self.router.settings.sapt.replay == "pseudo" else []
+            out[rec.name] = [str(p) for p in pseudo] or [str(e["route_text"]) for e in rec.replay()]
+        return out
 
     @staticmethod
     def evaluate(peft_model: Any, tok: Any, train: list[Example], held: list[Example]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 Uploads a slice of Long Sequence AG News, waits for the skill, and checks that AG News prompts now
 route to it and are answered better than by the base model; then restarts and finds the skill again.
+Runs once per router mode (dtkr, sapt, centroid), each with its own store.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from router import MODES
 from load_tests.common import ask, rows, upload, user_text, wait_job
 from server.process import ServerProcess
 from tests.conftest import dataset_dir
@@ -23,14 +25,19 @@ TEST_ROWS = 40
 CONFIG = {"epochs": 2}
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
-    return tmp_path_factory.mktemp("e2e") / "data"
+@pytest.fixture(scope="module", params=MODES)
+def mode(request) -> str:  # type: ignore[no-untyped-def]
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def server(data_dir: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(data_dir) as s:
+def data_dir(tmp_path_factory, mode: str) -> Path:  # type: ignore[no-untyped-def]
+    return tmp_path_factory.mktemp(f"e2e-{mode}") / "data"
+
+
+@pytest.fixture(scope="module")
+def server(data_dir: Path, mode: str) -> Iterator[ServerProcess]:
+    with ServerProcess(data_dir, ["--router-mode", mode]) as s:
         yield s
 
 
@@ -92,8 +99,8 @@ def test_upload_learn_route_and_beat_the_base_model(server: ServerProcess, clien
     assert acc_auto >= acc_base + 0.2
 
 
-def test_restart_keeps_the_skill(server: ServerProcess, data_dir: Path) -> None:
+def test_restart_keeps_the_skill(server: ServerProcess, data_dir: Path, mode: str) -> None:
     server.stop()
-    with ServerProcess(data_dir) as again:
+    with ServerProcess(data_dir, ["--router-mode", mode]) as again:
         ids = [m["id"] for m in httpx.get(again.url + "/v1/models", timeout=10).json()["data"]]
     assert "agnews" in ids

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from router import Router, RouterSettings
-from router.keys import calibrate_threshold, centroid_keys
+from router.keys import calibrate_threshold, centroid_keys, held_out_best
+from router.router import whitening
 from tests.conftest import read_task
 
 
@@ -66,14 +67,46 @@ def test_mix_weights_follow_temperature_softmax(embedder) -> None:  # type: igno
     assert all(abs(w - 0.5) < 1e-5 for _, w in d.route)
 
 
-def test_centroid_keys_and_threshold() -> None:
+def test_centroid_keys_and_held_out_threshold() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 16)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
+    fresh = rng.normal(size=(2000, 16)).astype(np.float32)
+    fresh /= np.linalg.norm(fresh, axis=1, keepdims=True)
     keys = centroid_keys(x, 8)
     assert keys.shape == (8, 16)
     assert np.allclose(np.linalg.norm(keys, axis=1), 1.0, atol=1e-5)
-    thr = calibrate_threshold(x, keys, percentile=2.0, margin=0.05)
-    best = (x @ keys.T).max(axis=1)
-    assert (best >= thr).mean() >= 0.98
+    score = lambda q, k: (q @ k.T).max(axis=1)  # noqa: E731
+    in_sample = score(x, keys)
+    held = held_out_best(x, lambda t: centroid_keys(t, 8), score, folds=5)
+    assert held.mean() < in_sample.mean()  # keys fitted without a point score it lower: in-sample is optimistic
+    accept = lambda best: (score(fresh, keys) >= calibrate_threshold(best, percentile=2.0, margin=0.0)).mean()  # noqa: E731
+    assert accept(held) >= 0.95  # new inputs of the same distribution pass the gate as often as calibrated
+    assert accept(held) > accept(in_sample) + 0.01  # ... which in-sample calibration falls short of
     assert centroid_keys(x[:3], 8).shape == (3, 16)  # fewer inputs than keys: the inputs themselves
+
+
+def test_whitening_maps_the_covariance_to_identity() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(8, 8))
+    cov = a @ a.T + 0.1 * np.eye(8)
+    w = whitening(cov, shrinkage=0.0)
+    assert np.allclose(w @ cov @ w, np.eye(8), atol=1e-4)
+    assert np.allclose(w, w.T, atol=1e-6)
+
+
+def test_whitening_separates_look_alike_tasks(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Four sentiment tasks with (nearly) the same instruction: the pooled within-skill whitening
+    separates them better than raw cosines."""
+    results = {}
+    tasks = ("amazon", "yelp", "imdb", "sst-2")
+    train = {t: embedder.embed([e["route_text"] for e in read_task("long_sequence", t, "train", 80)]) for t in tasks}
+    test = {t: embedder.embed([e["route_text"] for e in read_task("long_sequence", t, "test", 40)]) for t in tasks}
+    for whiten in (False, True):
+        router = Router(embedder, RouterSettings(mode="dtkr", whiten=whiten))
+        for t in tasks:
+            router.add_skill(t, router.prepare_keys_from_embeddings(train[t]))
+        hits = [d.route[0][0] == t for t in tasks for d in router.route_embeddings(test[t]) if d.route]
+        results[whiten] = sum(hits) / (40 * len(tasks))
+    assert results[True] >= 0.9, results
+    assert results[True] > results[False], results
