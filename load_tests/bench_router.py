@@ -40,6 +40,7 @@ def synthetic_router(embedder: SentenceEmbedder, n_skills: int, mode: str, poole
             "centroid_keys": t, "dtkr_keys": split_groups(t, settings.dtkr.groups),
             "threshold": torch.tensor([0.0]), "threshold_dtkr": torch.tensor([0.0]),
             "input_cov": torch.from_numpy(a @ a.T + 1e-3 * np.eye(embedder.dim, dtype=np.float32)).half(), "input_count": torch.tensor([300]),
+            "calibration_inputs": torch.from_numpy(keys[rng.integers(0, len(keys), 64)]).half(),
         }
         if sapt is not None:
             tensors["sapt_key"] = torch.from_numpy(rng.normal(size=pooler.dim).astype(np.float32))  # type: ignore[union-attr]

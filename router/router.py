@@ -15,8 +15,12 @@ Whitening (dtkr, `whiten`): MiniLM embeddings of different tasks share a few dom
 (template words, length), so raw cosines separate look-alike tasks badly (amazon vs yelp, mnli vs
 cb). Every skill stores the covariance of its own input embeddings; the router pools them (the
 within-skill covariance, shrunk towards a multiple of I) and maps queries and keys through W = Σ^-½
-before grouping. No skill ever sees another skill's data. The open-set gate stays on the raw key
-scores, whose thresholds were calibrated when the skill was learned and do not move as skills are added.
+before grouping. No skill ever sees another skill's data. The open-set gate is taken in the same
+space: W changes as skills arrive, so each skill keeps a small sample of its own input embeddings and
+its threshold (a low percentile of that sample's best score against its own keys, minus a margin) is
+recomputed whenever W is. That sample was also fitted by the keys, so it is only trusted for skills
+learned from enough inputs (`white_gate_min_inputs`); other skills are gated on their held-out raw-score
+threshold.
 """
 from __future__ import annotations
 
@@ -47,6 +51,10 @@ class RouterSettings:
     threshold_percentile: float = 2.0  # of the skill's own inputs' best score ...
     threshold_margin: float = 0.05  # ... minus this margin
     calibration_folds: int = 5  # those scores come from keys fitted on the other folds (not in-sample)
+    calibration_inputs: int = 64  # dtkr: input embeddings kept per skill to re-derive its whitened threshold
+    white_threshold_percentile: float = 1.0  # of those inputs' best whitened score (in-sample: the keys saw
+    white_threshold_margin: float = 0.1  # them, hence the wider margin than the held-out raw thresholds)
+    white_gate_min_inputs: int = 256  # fewer inputs: K keys fit the sample too closely to calibrate on it
     whiten: bool = True  # dtkr: score in the space whitened by the pooled within-skill covariance
     # Σ ← (1-λ) Σ + λ tr(Σ)/d I keeps W stable with few skills or samples; None: λ = d / (d + inputs seen)
     whiten_shrinkage: float | None = None
@@ -89,6 +97,7 @@ class _SkillKeys:
     raw: np.ndarray | None = None  # (K, D) dtkr keys before whitening
     cov: torch.Tensor | None = None  # (D, D) covariance of the skill's input embeddings
     count: int = 0  # how many inputs that covariance was measured on
+    calib: np.ndarray | None = None  # (n, D) a sample of the skill's input embeddings (whitened gate)
 
 
 def whitening(cov: np.ndarray, shrinkage: float) -> np.ndarray:
@@ -127,6 +136,7 @@ class Router:
         self._owners: list[str]
         self._skills: dict[str, _SkillKeys] = {}
         self._dirty = False
+        self._white_thr: dict[str, float] = {}  # whitened gate thresholds, re-derived with W
         self._sapt_tensors: dict[str, dict[str, torch.Tensor]] = {}
         self._sapt_attention: dict[str, dict[str, float]] = {}
         self._sapt: SAPTState | None = None
@@ -153,6 +163,7 @@ class Router:
             DTKR: dtkr,
             "input_cov": torch.from_numpy(cov.astype(np.float32)).half(),  # for the pooled whitening
             "input_count": torch.tensor([len(emb)]),
+            "calibration_inputs": torch.from_numpy(emb[np.random.default_rng(0).permutation(len(emb))[: s.calibration_inputs]]).half(),
             "threshold": torch.tensor([thr_c], dtype=torch.float32),  # centroid mode
             "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
         }
@@ -195,7 +206,8 @@ class Router:
             sub, thr = split_groups(tensors[CENTROID].float(), g), float(tensors["threshold"][0])
         cov = tensors["input_cov"].float() if "input_cov" in tensors else None
         count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
-        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count)
+        calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
+        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib)
 
     @property
     def _whitened(self) -> bool:
@@ -241,17 +253,23 @@ class Router:
         for name, sk in self._skills.items():
             index.add(sk.vectors)
             owners.extend([name] * len(sk.vectors))
-        mix_index, white = None, None
+        mix_index, white, white_thr = None, None, {}
         if self._whitened and self._skills:
             covs = [sk.cov for sk in self._skills.values() if sk.cov is not None]
             d, n = self.embedder.dim, sum(sk.count for sk in self._skills.values() if sk.cov is not None)
             lam = self.settings.whiten_shrinkage if self.settings.whiten_shrinkage is not None else d / (d + n)
             white = whitening(torch.stack(covs).mean(0).double().numpy(), lam) if covs else np.eye(d, dtype=np.float32)
             mix_index = faiss.IndexFlatIP(self.embedder.dim)
-            for sk in self._skills.values():
+            s = self.settings
+            for name, sk in self._skills.items():
                 assert sk.raw is not None
-                mix_index.add(self._white_rows(sk.raw, white))
+                keys = self._white_rows(sk.raw, white)
+                mix_index.add(keys)
+                if sk.calib is not None and len(sk.calib) and sk.count >= s.white_gate_min_inputs:
+                    best = (self._white_rows(sk.calib, white) @ keys.T).max(axis=1)
+                    white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_threshold_margin)
         self._index, self._mix_index, self._white, self._owners = index, mix_index, white, owners
+        self._white_thr = white_thr
         self._dirty = False
 
     # --- routing ------------------------------------------------------------------------------
@@ -274,14 +292,24 @@ class Router:
             if self._dirty:
                 self._rebuild()
             index, mix_index, white, owners, skills = self._index, self._mix_index, self._white, self._owners, dict(self._skills)
+            white_thr = self._white_thr
         if not owners:
             return [Decision(route=[], reason="no_skills") for _ in range(len(f.emb))]
         k = min(self.settings.top_k, len(owners))
         emb = np.ascontiguousarray(f.emb, dtype=np.float32)
         scores, ids = index.search(self._query_vectors(emb), 1 if mix_index is not None else k)
-        if mix_index is not None and white is not None:  # gate on raw scores, mix on whitened ones
+        if mix_index is not None and white is not None:
             m_scores, m_ids = mix_index.search(self._white_rows(emb, white), k)
-            return [self._decide(scores[i], ids[i], owners, skills, m_scores[i], m_ids[i]) for i in range(len(emb))]
+            out = []
+            for i in range(len(emb)):
+                owner = owners[m_ids[i][0]]
+                if owner in white_thr:  # gate and mix in the whitened space
+                    best = float(m_scores[i][0])
+                    gate = Decision(route=[], reason="below_threshold", score=best) if best < white_thr[owner] else None
+                    out.append(gate or self._decide(m_scores[i], m_ids[i], owners, skills, gate_passed=True))
+                else:  # a skill stored without calibration inputs: its raw-score gate, whitened mix
+                    out.append(self._decide(scores[i], ids[i], owners, skills, m_scores[i], m_ids[i]))
+            return out
         if self.settings.mode != "sapt":
             return [self._decide(scores[i], ids[i], owners, skills) for i in range(len(emb))]
         if f.pooled is None:
@@ -297,7 +325,8 @@ class Router:
             return Decision(route=[], reason="below_threshold", score=best)
         if not names:
             return Decision(route=[], reason="no_skills", score=best)
-        return Decision(route=self._mix(dict(zip(names, attention.tolist()))), reason="matched", score=best)
+        top = np.argpartition(-attention, min(self.settings.top_k, len(names)) - 1)[: self.settings.top_k]  # O(n), not a sort
+        return Decision(route=self._mix({names[j]: float(attention[j]) for j in top}), reason="matched", score=best)
 
     def _mix(self, per_skill: dict[str, float]) -> list[tuple[str, float]]:
         """Keep the top-k skills with at least min_weight, renormalized, heaviest first."""
@@ -307,9 +336,9 @@ class Router:
         return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
 
     def _decide(self, scores: np.ndarray, ids: np.ndarray, owners: list[str], skills: dict[str, _SkillKeys],
-                mix_scores: np.ndarray | None = None, mix_ids: np.ndarray | None = None) -> Decision:
+                mix_scores: np.ndarray | None = None, mix_ids: np.ndarray | None = None, gate_passed: bool = False) -> Decision:
         best_skill, best = owners[ids[0]], float(scores[0])
-        if best < skills[best_skill].threshold:
+        if not gate_passed and best < skills[best_skill].threshold:
             return Decision(route=[], reason="below_threshold", score=best)
         if mix_scores is not None and mix_ids is not None:
             scores, ids = mix_scores, mix_ids

@@ -7,6 +7,7 @@ import torch
 
 from router import Router, RouterSettings
 from router.dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
+from router.router import whitening
 from tests.conftest import read_task
 
 
@@ -39,14 +40,23 @@ def test_groups_must_divide_the_embedding() -> None:
 
 
 def test_router_scores_are_the_mean_of_group_cosines(embedder) -> None:  # type: ignore[no-untyped-def]
-    router = Router(embedder, RouterSettings(mode="dtkr", top_k=1))
     texts = [e["route_text"] for e in read_task("long_sequence", "agnews", "train", 60)]
-    tensors = router.prepare_keys(texts)
-    router.add_skill("agnews", tensors)
     emb = embedder.embed(texts[:5])
-    want = slot_scores(emb, tensors["dtkr_keys"], router.settings.dtkr.groups).max(axis=1)
-    got = np.array([d.score for d in router.route_embeddings(emb)])
-    assert np.allclose(got, want, atol=1e-5)
+    raw = Router(embedder, RouterSettings(mode="dtkr", top_k=1, whiten=False))
+    tensors = raw.prepare_keys(texts)
+    raw.add_skill("agnews", tensors)
+    g = raw.settings.dtkr.groups
+    want = slot_scores(emb, tensors["dtkr_keys"], g).max(axis=1)
+    assert np.allclose([d.score for d in raw.route_embeddings(emb)], want, atol=1e-5)
+
+    # whitened: the same mean of group cosines, after queries and keys are mapped through W = Σ^-½
+    white = Router(embedder, RouterSettings(mode="dtkr", top_k=1, white_threshold_margin=2.0, white_gate_min_inputs=0))
+    white.add_skill("agnews", tensors)
+    d = embedder.dim
+    w = whitening(tensors["input_cov"].double().numpy(), d / (d + 60))
+    keys = split_groups(torch.from_numpy(tensors["dtkr_keys"].reshape(len(tensors["dtkr_keys"]), -1).numpy() @ w), g)
+    want_w = slot_scores(emb @ w, keys, g).max(axis=1)
+    assert np.allclose([d.score for d in white.route_embeddings(emb)], want_w, atol=1e-4)
 
 
 def test_dtkr_mode_routes_held_out_inputs(embedder) -> None:  # type: ignore[no-untyped-def]

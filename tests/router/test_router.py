@@ -110,3 +110,22 @@ def test_whitening_separates_look_alike_tasks(embedder) -> None:  # type: ignore
         results[whiten] = sum(hits) / (40 * len(tasks))
     assert results[True] >= 0.9, results
     assert results[True] > results[False], results
+
+
+def test_whitened_gate_rejects_an_unseen_task(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Skills learned from enough inputs are gated in the whitened space, with thresholds re-derived
+    from their stored calibration inputs; a held-out task with other instructions falls back."""
+    results = {}
+    train = {t: embedder.embed([e["route_text"] for e in read_task("long_sequence", t, "train", 280)]) for t in ("sst-2", "qqp")}
+    seen = {t: embedder.embed([e["route_text"] for e in read_task("long_sequence", t, "test", 60)]) for t in ("sst-2", "qqp")}
+    unseen = embedder.embed([e["route_text"] for e in read_task("long_sequence", "mnli", "test", 60)])
+    for min_inputs in (256, 10_000):  # default (whitened gate) vs always the raw gate
+        router = Router(embedder, RouterSettings(white_gate_min_inputs=min_inputs))
+        for t, x in train.items():
+            router.add_skill(t, router.prepare_keys_from_embeddings(x))
+        hits = [bool(d.route) and d.route[0][0] == t for t, x in seen.items() for d in router.route_embeddings(x)]
+        fallback = [not d.route for d in router.route_embeddings(unseen)]
+        results[min_inputs] = (sum(hits) / len(hits), sum(fallback) / len(fallback))
+    (seen_w, unseen_w), (seen_raw, unseen_raw) = results[256], results[10_000]
+    assert seen_w >= 0.93 and unseen_w >= 0.8, results  # measured: 0.96 / 1.00
+    assert unseen_w > unseen_raw + 0.3, results  # the raw gate let most of mnli through (0.32 fell back)
