@@ -204,7 +204,7 @@ class Router:
                 raise ValueError(f"skill keys have {sub.shape[1]} groups, the router is set to {g}")
         else:  # a skill stored without DTKR keys: its centroids as sub-keys
             sub, thr = split_groups(tensors[CENTROID].float(), g), float(tensors["threshold"][0])
-        cov = tensors["input_cov"].float() if "input_cov" in tensors else None
+        cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
         count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
         calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
         return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib)
@@ -255,10 +255,13 @@ class Router:
             owners.extend([name] * len(sk.vectors))
         mix_index, white, white_thr = None, None, {}
         if self._whitened and self._skills:
-            covs = [sk.cov for sk in self._skills.values() if sk.cov is not None]
-            d, n = self.embedder.dim, sum(sk.count for sk in self._skills.values() if sk.cov is not None)
+            d, n, m, total = self.embedder.dim, 0, 0, torch.zeros(self.embedder.dim, self.embedder.dim, dtype=torch.float64)
+            for sk in self._skills.values():
+                if sk.cov is not None:  # a running sum: no (skills, d, d) stack at 1,000 skills
+                    total += sk.cov.double()
+                    n, m = n + sk.count, m + 1
             lam = self.settings.whiten_shrinkage if self.settings.whiten_shrinkage is not None else d / (d + n)
-            white = whitening(torch.stack(covs).mean(0).double().numpy(), lam) if covs else np.eye(d, dtype=np.float32)
+            white = whitening((total / m).numpy(), lam) if m else np.eye(d, dtype=np.float32)
             mix_index = faiss.IndexFlatIP(self.embedder.dim)
             s = self.settings
             for name, sk in self._skills.items():
