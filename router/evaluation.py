@@ -21,7 +21,7 @@ import torch
 
 from .embedder import CachedEmbedder, Embedder, SentenceEmbedder
 from .router import MODES, Decision, Features, Router, RouterSettings
-from .sapt import SAPTSettings, TokenPooler
+from .sapt import POOLS, SAPTSettings, TokenPooler
 
 
 @dataclass
@@ -204,7 +204,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay-fraction", type=float, default=0.02, help="sapt: replay sample kept per task")
     p.add_argument("--sapt-steps", type=int, default=d.sapt.steps)
     p.add_argument("--sapt-lambda", type=float, default=d.sapt.arm_lambda, help="weight of attentive reflection")
-    p.add_argument("--sapt-pool", choices=("mean", "max"), default=d.sapt.pool)
+    p.add_argument("--sapt-pool", choices=POOLS, default=d.sapt.pool)
     p.add_argument("--model", type=Path, default=None, help="sapt: local base checkpoint (default: the packaged SmolLM2)")
     p.add_argument("--cache", type=Path, default=None, help="keep sentence embeddings here between runs (keyed by model and texts)")
 

@@ -67,6 +67,8 @@ class SkillTrainer:
         if self.router.settings.mode == "sapt":
             if sapt.replay == "pseudo":  # this skill's own pseudo inputs, replayed when later skills learn
                 pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
+            if self.sync_router:
+                self._sync_router()
             tensors, attention = self.router.prepare_sapt(name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name))
             router_tensors.update(tensors)
             router_meta["sapt_attention"] = attention
@@ -89,12 +91,14 @@ class SkillTrainer:
         )
         return self.store.write(draft)
 
+    def _sync_router(self) -> None:
+        """Load every stored skill's router tensors: the SAPT state a new skill learns on top of."""
+        for rec in self.store.list_latest():
+            self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
+
     def _replay_inputs(self, name: str) -> dict[str, list[str]]:
         """Earlier skills' replay inputs for attentive reflection: their stored real samples, or their
         generated pseudo inputs when the setting asks for them and the skill has some."""
-        if self.sync_router:
-            for rec in self.store.list_latest():
-                self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
         out: dict[str, list[str]] = {}
         for rec in self.store.list_latest():
             if rec.name == name:
