@@ -113,8 +113,9 @@ class SAPTState:
 
     def __post_init__(self) -> None:
         if self.projector is None:
-            torch.manual_seed(self.settings.seed)
-            self.projector = QueryProjector(self.dim, self.settings.hidden)
+            with torch.random.fork_rng():  # seeded init without moving the process's RNG (a server samples with it)
+                torch.manual_seed(self.settings.seed)
+                self.projector = QueryProjector(self.dim, self.settings.hidden)
         self.projector.eval()
 
     def logits(self, pooled: torch.Tensor, projector: nn.Module | None = None, keys: torch.Tensor | None = None) -> torch.Tensor:
@@ -139,9 +140,9 @@ class SAPTState:
         old = [self.names.index(n) for n in names[:-1]]
         proj = copy.deepcopy(self.projector)
         assert proj is not None
-        torch.manual_seed(s.seed + len(names))
+        g = torch.Generator().manual_seed(s.seed + len(names))
         with torch.no_grad():  # start the new key at the mean projected input: an informed, in-scale start
-            new_key = proj(train).mean(0) if len(train) else torch.randn(self.dim)
+            new_key = proj(train).mean(0) if len(train) else torch.randn(self.dim, generator=g)
         frozen = self.keys[old] if self.keys is not None and old else torch.zeros(0, self.dim)
         new_key = nn.Parameter(new_key.clone())
         t = len(names) - 1
@@ -153,7 +154,7 @@ class SAPTState:
                 (torch.tensor([self.mean_attention[n].get(m, 0.0) for m in names]), replay[n])
                 for n in names[:-1] if n in self.mean_attention and n in replay and len(replay[n])
             ]
-            g = torch.Generator().manual_seed(s.seed)
+            g = torch.Generator().manual_seed(s.seed)  # batch order
             label = torch.full((s.batch_size,), t, dtype=torch.long)
             for _ in range(s.steps):
                 idx = torch.randint(len(train), (min(s.batch_size, len(train)),), generator=g)
