@@ -296,40 +296,48 @@ class Router:
                 self._rebuild()
             index, mix_index, white, owners, skills = self._index, self._mix_index, self._white, self._owners, dict(self._skills)
             white_thr = self._white_thr
+        n = len(f.emb)
         if not owners:
-            return [Decision(route=[], reason="no_skills") for _ in range(len(f.emb))]
+            return [Decision(route=[], reason="no_skills") for _ in range(n)]
         k = min(self.settings.top_k, len(owners))
-        emb = np.ascontiguousarray(f.emb, dtype=np.float32)
-        scores, ids = index.search(self._query_vectors(emb), 1 if mix_index is not None else k)
-        if mix_index is not None and white is not None:
-            m_scores, m_ids = mix_index.search(self._white_rows(emb, white), k)
-            out = []
-            for i in range(len(emb)):
-                owner = owners[m_ids[i][0]]
-                if owner in white_thr:  # gate and mix in the whitened space
-                    best = float(m_scores[i][0])
-                    gate = Decision(route=[], reason="below_threshold", score=best) if best < white_thr[owner] else None
-                    out.append(gate or self._decide(m_scores[i], m_ids[i], owners, skills, gate_passed=True))
-                else:  # a skill stored without calibration inputs: its raw-score gate, whitened mix
-                    out.append(self._decide(scores[i], ids[i], owners, skills, m_scores[i], m_ids[i]))
-            return out
-        if self.settings.mode != "sapt":
-            return [self._decide(scores[i], ids[i], owners, skills) for i in range(len(emb))]
-        if f.pooled is None:
+        sapt = self.settings.mode == "sapt"
+        if sapt and f.pooled is None:
             raise ValueError("router mode sapt routes on pooled token embeddings: use features()/route()")
-        state = self.sapt_state()
-        attention = state.attention(f.pooled).numpy()
-        return [self._decide_sapt(scores[i], ids[i], owners, skills, state.names, attention[i]) for i in range(len(f.emb))]
+        emb = np.ascontiguousarray(f.emb, dtype=np.float32)
+        # raw key scores: the gate, and also the mix unless whitened scores or SAPT attention make it
+        scores, ids = index.search(self._query_vectors(emb), 1 if mix_index is not None or sapt else k)
+        m_scores, m_ids = mix_index.search(self._white_rows(emb, white), k) if mix_index is not None and white is not None else (scores, ids)
+        state = self.sapt_state() if sapt else None
+        attention = state.attention(f.pooled).numpy() if state is not None and f.pooled is not None else None
+        out = []
+        for i in range(n):
+            owner = owners[m_ids[i][0]]
+            if owner in white_thr:  # gate in the whitened space, threshold re-derived with W
+                best, threshold = float(m_scores[i][0]), white_thr[owner]
+            else:  # gate on the raw key score and the held-out threshold of its skill
+                best, threshold = float(scores[i][0]), skills[owners[ids[i][0]]].threshold
+            if best < threshold:
+                out.append(Decision(route=[], reason="below_threshold", score=best))
+            elif state is not None and attention is not None:
+                out.append(self._sapt_decision(state.names, attention[i], best))
+            else:
+                out.append(Decision(route=self._mix(self._slot_weights(m_scores[i], m_ids[i], owners)), reason="matched", score=best))
+        return out
 
-    def _decide_sapt(self, scores: np.ndarray, ids: np.ndarray, owners: list[str], skills: dict[str, _SkillKeys],
-                     names: list[str], attention: np.ndarray) -> Decision:
-        best = float(scores[0])
-        if best < skills[owners[ids[0]]].threshold:
-            return Decision(route=[], reason="below_threshold", score=best)
+    def _sapt_decision(self, names: list[str], attention: np.ndarray, best: float) -> Decision:
         if not names:
             return Decision(route=[], reason="no_skills", score=best)
         top = np.argpartition(-attention, min(self.settings.top_k, len(names)) - 1)[: self.settings.top_k]  # O(n), not a sort
         return Decision(route=self._mix({names[j]: float(attention[j]) for j in top}), reason="matched", score=best)
+
+    def _slot_weights(self, scores: np.ndarray, ids: np.ndarray, owners: list[str]) -> dict[str, float]:
+        """JARe: temperature softmax over the retrieved slots' scores, summed per skill."""
+        p = np.exp((scores - scores.max()) / self.settings.temperature)
+        p /= p.sum()
+        per_skill: dict[str, float] = {}
+        for j, w in zip(ids, p):
+            per_skill[owners[j]] = per_skill.get(owners[j], 0.0) + float(w)
+        return per_skill
 
     def _mix(self, per_skill: dict[str, float]) -> list[tuple[str, float]]:
         """Keep the top-k skills with at least min_weight, renormalized, heaviest first."""
@@ -337,19 +345,3 @@ class Router:
         kept = {s: w for s, w in top if w >= self.settings.min_weight} or dict(top[:1])
         total = sum(kept.values())
         return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
-
-    def _decide(self, scores: np.ndarray, ids: np.ndarray, owners: list[str], skills: dict[str, _SkillKeys],
-                mix_scores: np.ndarray | None = None, mix_ids: np.ndarray | None = None, gate_passed: bool = False) -> Decision:
-        best_skill, best = owners[ids[0]], float(scores[0])
-        if not gate_passed and best < skills[best_skill].threshold:
-            return Decision(route=[], reason="below_threshold", score=best)
-        if mix_scores is not None and mix_ids is not None:
-            scores, ids = mix_scores, mix_ids
-        logits = (scores - scores.max()) / self.settings.temperature
-        p = np.exp(logits)
-        p /= p.sum()
-        per_skill: dict[str, float] = {}
-        for j, w in zip(ids, p):
-            per_skill[owners[j]] = per_skill.get(owners[j], 0.0) + float(w)
-        return Decision(route=self._mix(per_skill), reason="matched", score=best)
-
