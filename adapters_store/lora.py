@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -78,6 +78,44 @@ def load_peft_adapter(folder: str | Path) -> LoRAAdapter:
     if not modules:
         raise UnsupportedAdapter(f"{folder} holds no LoRA weights")
     return LoRAAdapter(modules=modules)
+
+
+def save_peft_adapter(
+    adapter: LoRAAdapter, folder: Path, base_model_id: str, alpha: float, target_modules: Sequence[str], dropout: float = 0.0
+) -> None:
+    """Write `adapter` as plain PEFT files (adapter_config.json + adapter_model.safetensors).
+
+    PEFT stores one r and lora_alpha for the whole adapter, so every block must have the same rank and
+    scaling alpha / r; anything else would load back (here or in PEFT) with a different delta.
+    """
+    from peft import LoraConfig
+
+    ranks = {f.rank for f in adapter.modules.values()}
+    if len(ranks) != 1:
+        raise ValueError(f"PEFT files hold one rank per adapter, got ranks {sorted(ranks)}")
+    (rank,) = ranks
+    for path, f in adapter.modules.items():
+        if not math.isclose(f.scaling, alpha / rank, rel_tol=1e-6):
+            raise ValueError(f"{path}: scaling {f.scaling} differs from alpha / r = {alpha} / {rank}")
+        if not any(path == t or path.endswith("." + t) for t in target_modules):
+            raise ValueError(f"{path} is not matched by target_modules {list(target_modules)}: PEFT would not load it")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # annotated int; PEFT scales by a float alpha just the same
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model_id,
+        inference_mode=True,
+    )
+    config.save_pretrained(str(folder))
+    tensors: dict[str, Tensor] = {}
+    for path, f in adapter.modules.items():
+        tensors[f"base_model.model.{path}.lora_A.weight"] = f.A.detach().cpu().contiguous()
+        tensors[f"base_model.model.{path}.lora_B.weight"] = f.B.detach().cpu().contiguous()
+    save_file(tensors, str(folder / PEFT_WEIGHTS), metadata={"format": "pt"})
 
 
 def mix_delta(mix: Sequence[tuple[LoRAFactors, float]]) -> Tensor:

@@ -19,7 +19,7 @@ skill is registered.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,24 +136,15 @@ class SAPTState:
         train/held: pooled inputs of the new skill; replay: pooled replay inputs per earlier skill.
         """
         s = self.settings
-        names = [n for n in self.names if n != name] + [name]
-        old = [self.names.index(n) for n in names[:-1]]
+        names, frozen = self.blocks_for(name)
         proj = copy.deepcopy(self.projector)
         assert proj is not None
-        g = torch.Generator().manual_seed(s.seed + len(names))
-        with torch.no_grad():  # start the new key at the mean projected input: an informed, in-scale start
-            new_key = proj(train).mean(0) if len(train) else torch.randn(self.dim, generator=g)
-        frozen = self.keys[old] if self.keys is not None and old else torch.zeros(0, self.dim)
-        new_key = nn.Parameter(new_key.clone())
+        new_key = nn.Parameter(self.initial_key(proj, train, len(names)).clone())
         t = len(names) - 1
         if t > 0 and s.steps > 0 and len(train):
             proj.train()
             opt = torch.optim.AdamW([*proj.parameters(), new_key], lr=s.lr, weight_decay=s.weight_decay)
-            # ā_τ is kept by block name, so blocks newer than τ get zero mass (SAPT's zero padding)
-            targets = [
-                (torch.tensor([self.mean_attention[n].get(m, 0.0) for m in names]), replay[n])
-                for n in names[:-1] if n in self.mean_attention and n in replay and len(replay[n])
-            ]
+            targets = self.arm_targets(names, replay)
             g = torch.Generator().manual_seed(s.seed)  # batch order
             label = torch.full((s.batch_size,), t, dtype=torch.long)
             for _ in range(s.steps):
@@ -161,19 +152,49 @@ class SAPTState:
                 keys = torch.cat([frozen, new_key[None]])
                 loss = F.cross_entropy(self.logits(train[idx], proj, keys), label[: len(idx)])
                 if targets and s.arm_lambda > 0:
-                    arm = torch.stack([
-                        F.kl_div(self.logits(x, proj, keys).log_softmax(-1), a.expand(len(x), -1), reduction="batchmean")
-                        for a, x in targets
-                    ]).mean()
-                    loss = loss + s.arm_lambda * arm
+                    loss = loss + s.arm_lambda * self.arm_loss(targets, proj, keys)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
             proj.eval()
-        out = SAPTState(self.dim, s, names, torch.cat([frozen, new_key.detach()[None]]), dict(self.mean_attention), proj)
+        return self.with_skill(names, torch.cat([frozen, new_key.detach()[None]]), proj, held if len(held) else train)
+
+    # --- pieces of `learn`, shared with training a LoRA block inside the attention mix ----------------
+    def blocks_for(self, name: str) -> tuple[list[str], torch.Tensor]:
+        """Block order while learning `name` (earlier skills, a same-named one dropped, then `name`) and the frozen earlier keys."""
+        names = [n for n in self.names if n != name] + [name]
+        old = [self.names.index(n) for n in names[:-1]]
+        frozen = self.keys[old] if self.keys is not None and old else torch.zeros(0, self.dim)
+        return names, frozen
+
+    def initial_key(self, proj: nn.Module, train: torch.Tensor, blocks: int) -> torch.Tensor:
+        """The new key's start: the mean projected input (an informed, in-scale start), seeded noise without inputs."""
+        g = torch.Generator().manual_seed(self.settings.seed + blocks)
+        with torch.no_grad():
+            return proj(train).mean(0) if len(train) else torch.randn(self.dim, generator=g)
+
+    def arm_targets(self, names: Sequence[str], replay: Mapping[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(ā_τ over `names`, pooled replay inputs of τ) for every earlier skill τ that has both."""
+        # ā_τ is kept by block name, so blocks newer than τ get zero mass (SAPT's zero padding)
+        return [
+            (torch.tensor([self.mean_attention[n].get(m, 0.0) for m in names]), replay[n])
+            for n in names[:-1] if n in self.mean_attention and n in replay and len(replay[n])
+        ]
+
+    def arm_loss(self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], proj: nn.Module, keys: torch.Tensor) -> torch.Tensor:
+        """Attentive reflection: mean over τ of KL(ā_τ ‖ softmax(logits(replay of τ))), before λ."""
+        return torch.stack([
+            F.kl_div(self.logits(x, proj, keys).log_softmax(-1), a.expand(len(x), -1), reduction="batchmean")
+            for a, x in targets
+        ]).mean()
+
+    def with_skill(self, names: list[str], keys: torch.Tensor, proj: QueryProjector, inputs: torch.Tensor) -> SAPTState:
+        """The state after learning names[-1]: these keys and projector, its ā from `inputs` (held, else train)."""
+        name = names[-1]
+        out = SAPTState(self.dim, self.settings, names, keys, dict(self.mean_attention), proj)
         out.mean_attention.pop(name, None)
-        if len(held) or len(train):
-            mean = out.attention(held if len(held) else train).mean(0)
+        if len(inputs):
+            mean = out.attention(inputs).mean(0)
             out.mean_attention[name] = {n: float(w) for n, w in zip(names, mean)}
         return out
 

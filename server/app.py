@@ -18,7 +18,7 @@ from adapters_store.base_model import BaseModel
 from adapters_store.names import InvalidSkillName, validate_skill_name
 from adapters_store.store import SkillStore
 from router import Decision, Router
-from trainer.config import METHODS, ConfigError, TrainConfig
+from trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
 from trainer.datasets import DatasetError, parse_jsonl, route_text
 from trainer.jobs import Job, JobQueue, new_job_id
 
@@ -250,9 +250,13 @@ def create_app(c: Components) -> FastAPI:
             raise APIError(400, str(e), "name", "invalid_name") from None
         if name == c.base.model_id:
             raise APIError(400, f"skill name {name!r} is the base model's id", "name", "invalid_name")
-        method = form.get("method") or "isolated"
-        if method not in METHODS:
-            raise APIError(400, f"method must be one of {', '.join(METHODS)}, got {method!r}", "method", "invalid_method")
+        method = form.get("method") or DEFAULT_METHOD
+        if not isinstance(method, str) or (problem := method_error(method, c.router.settings.mode)):
+            raise APIError(400, problem or "method must be a string", "method", "invalid_method")
+        force_raw = form.get("force") or "false"
+        if not isinstance(force_raw, str) or force_raw.lower() not in ("true", "false", "1", "0"):
+            raise APIError(400, f"force must be true or false, got {force_raw!r}", "force", "invalid_force")
+        force = force_raw.lower() in ("true", "1")
         raw_cfg = form.get("config")
         try:
             cfg_obj = json.loads(raw_cfg) if isinstance(raw_cfg, str) and raw_cfg.strip() else {}
@@ -275,7 +279,7 @@ def create_app(c: Components) -> FastAPI:
             ) from None
         if c.jobs.depth() >= c.cfg.max_pending_jobs:
             raise APIError(429, f"{c.jobs.depth()} training jobs are already pending; retry later", None, "too_many_jobs")
-        job = Job(id=new_job_id(), skill=name, method=method, config=cfg.to_dict(), status="validating", examples=len(examples))
+        job = Job(id=new_job_id(), skill=name, method=method, config=cfg.to_dict(), status="validating", examples=len(examples), force=force)
         c.jobs.submit(job, examples, cfg)
         return JSONResponse(job.to_dict(), status_code=202)
 

@@ -30,7 +30,7 @@ def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
                 metrics.training_loss.labels(job.skill).set(p.loss)
             metrics.training_tokens_per_s.labels(job.skill).set(p.tokens_per_s)
 
-        return trainer.run(job.skill, examples, train_cfg, job.method, report, should_stop)
+        return trainer.run(job.skill, examples, train_cfg, job.method, report, should_stop, force=job.force)
 
     return run
 

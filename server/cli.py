@@ -140,10 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _worker_parser(sub)
+    from .follow import add_arguments as upload_arguments
+
+    upload_arguments(sub.add_parser("upload", help="upload a task file to a running server and follow the training job"))
     ev = sub.add_parser("eval", help="benchmarks that are part of the product").add_subparsers(dest="what", required=True)
     from router.evaluation import add_arguments as routing_arguments
 
     routing_arguments(ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each"))
+    from .eval_continual import add_arguments as continual_arguments
+
+    continual_arguments(ev.add_parser("continual", help="learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines"))
     args = parser.parse_args(argv)
     if args.command == "eval" and args.what == "routing":
         from router.evaluation import run as run_routing
@@ -151,6 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         run_routing(args)
         return 0
+    if args.command == "eval" and args.what == "continual":
+        from .eval_continual import run as run_continual
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        run_continual(args)
+        return 0
+    if args.command == "upload":
+        from .follow import run as run_upload
+
+        return run_upload(args)
     if args.command == "serve":
         return _serve(args)
     if args.command == "worker":

@@ -4,7 +4,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-METHODS = ("isolated",)
+METHODS = ("isolated", "sapt", "kif")  # see trainer/worker.py
+DEFAULT_METHOD = "isolated"
+
+
+def method_error(method: str, router_mode: str) -> str | None:
+    """Why `method` cannot train under a router in `router_mode`, or None when it can."""
+    if method not in METHODS:
+        return f"method must be one of {', '.join(METHODS)}, got {method!r}"
+    if method == "sapt" and router_mode != "sapt":
+        return (
+            f"method sapt trains the block inside the sapt router's attention, but this server routes with "
+            f"{router_mode!r}: start the server (and workers) with --router-mode sapt"
+        )
+    return None
 
 
 class ConfigError(ValueError):
@@ -30,6 +43,17 @@ class TrainConfig:
     replay_fraction: float = 0.02  # stored for later replay / memory buffers
     probe_size: int = 20  # held-out prompts kept to re-check the skill later
     seed: int = 0
+    # quality gate (trainer/quality.py)
+    quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
+    quality_max_drop: float = 0.1  # an earlier skill's routed probe score may drop by at most this
+    # method kif (trainer/kif.py): Recurrent-KIF
+    kif_inner_steps: int = 8  # Q inner steps on the new task per outer step on the memory buffer
+    kif_top_q: float = 0.2  # share of each tensor's coordinates kept by each importance mask
+    kif_ema_in: float = 0.55  # α: EMA of the new task's importance
+    kif_ema_hist: float = 0.55  # β: EMA of the memory's importance
+    kif_init_blocks: int = 3  # the new block starts from at most this many similar existing blocks (0: fresh)
+    # method sapt (trainer/attentive.py)
+    sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> TrainConfig:
@@ -61,8 +85,18 @@ class TrainConfig:
         for name in ("dropout", "warmup_ratio", "eval_fraction", "replay_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"config.{name}", "must be in [0, 1)")
-        if self.weight_decay < 0 or self.probe_size < 0:
-            raise ConfigError("config.weight_decay" if self.weight_decay < 0 else "config.probe_size", "must be >= 0")
+        for name in ("weight_decay", "probe_size", "quality_max_drop", "kif_init_blocks", "sapt_route_weight"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"config.{name}", "must be >= 0")
+        if not -1 <= self.quality_min_gain <= 1:
+            raise ConfigError("config.quality_min_gain", "must be in [-1, 1]")
+        if self.kif_inner_steps < 1:
+            raise ConfigError("config.kif_inner_steps", "must be >= 1")
+        if not 0 < self.kif_top_q <= 1:
+            raise ConfigError("config.kif_top_q", "must be in (0, 1]")
+        for name in ("kif_ema_in", "kif_ema_hist"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"config.{name}", "must be in [0, 1)")
         if self.epochs > 100 or self.rank > 256 or self.batch_size > 512:
             raise ConfigError("config", "epochs <= 100, rank <= 256 and batch_size <= 512")
 

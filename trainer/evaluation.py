@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
+
+from adapters_store.lora import LoRABank, Mix
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -54,10 +57,19 @@ def mean_score(metric: str, predictions: Sequence[str], references: Sequence[str
     return sum(score(metric, p, r) for p, r in zip(predictions, references)) / len(references)
 
 
-def generate_greedy(model, tokenizer, prompts: Sequence[list[dict[str, str]]], max_new_tokens: int, batch_size: int = 16) -> list[str]:  # type: ignore[no-untyped-def]
-    """Greedy answers for chat prompts, batched with left padding (used for held-out evaluation)."""
+def generate_greedy(  # type: ignore[no-untyped-def]
+    model, tokenizer, prompts: Sequence[list[dict[str, str]]], max_new_tokens: int, batch_size: int = 16,
+    bank: LoRABank | None = None, mixes: Sequence[Mix] | None = None,
+) -> list[str]:
+    """Greedy answers for chat prompts, batched with left padding.
+
+    With `bank` and `mixes`, row i is generated under LoRA mix `mixes[i]` (empty: the base model), the
+    same per-row mix the server applies, so a routed answer can be scored without a server.
+    """
     import torch
 
+    if (bank is None) != (mixes is None) or (mixes is not None and len(mixes) != len(prompts)):
+        raise ValueError("bank and mixes go together, one mix per prompt")
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
@@ -66,7 +78,8 @@ def generate_greedy(model, tokenizer, prompts: Sequence[list[dict[str, str]]], m
         for i in range(0, len(texts), batch_size):
             enc = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(next(model.parameters()).device) for k, v in enc.items()}
-            with torch.no_grad():
+            mixing = bank.mixed(mixes[i : i + batch_size]) if bank is not None and mixes is not None else nullcontext()
+            with torch.no_grad(), mixing:
                 gen = model.generate(
                     **enc,
                     max_new_tokens=max_new_tokens,

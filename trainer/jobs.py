@@ -23,6 +23,7 @@ from adapters_store.store import SkillRecord
 
 from .config import TrainConfig
 from .lora_train import Cancelled, Progress
+from .quality import QualityGateFailed
 
 log = logging.getLogger(__name__)
 Example = dict[str, Any]
@@ -44,6 +45,7 @@ class Job:
     error: str | None = None
     examples: int = 0
     skill_version: int | None = None
+    force: bool = False  # register even if the quality gate fails
 
     def to_dict(self) -> dict[str, Any]:
         return {"object": "skillpool.training_job", **asdict(self)}
@@ -173,7 +175,7 @@ def run_job(
     """Run one job to a terminal state; a failing job never takes its worker down."""
 
     def progress(p: Progress) -> None:
-        job.progress = {"step": p.step, "total": p.total, "loss": p.loss, "tokens_per_s": p.tokens_per_s, "eta_s": p.eta_s}
+        job.progress = {"step": p.step, "total": p.total, "loss": p.loss, "tokens_per_s": p.tokens_per_s, "eta_s": p.eta_s, "tokens": p.tokens}
         if p.step == p.total or p.step % 10 == 0:
             save(job)
 
@@ -181,6 +183,10 @@ def run_job(
         record = runner(job, examples, cfg, progress, should_stop)
     except Cancelled:
         finish(job, "cancelled", None)
+        return
+    except QualityGateFailed as e:  # an expected outcome: the numbers go into the job, nothing was stored
+        job.eval = e.report
+        finish(job, "failed", str(e))
         return
     except Exception as e:
         log.error("training job %s failed:\n%s", job.id, traceback.format_exc())

@@ -28,6 +28,7 @@ class Progress:
     loss: float | None
     tokens_per_s: float
     eta_s: float | None
+    tokens: int = 0  # tokens processed so far (prompt + answer), for throughput reports
 
 
 def encode_example(tokenizer: Any, ex: Example, max_len: int) -> tuple[list[int], list[int]]:
@@ -79,16 +80,15 @@ def answer_loss(peft_model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.
     return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
 
 
-def train_lora(
-    model: nn.Module,
+def fit_config(
+    peft_model: nn.Module,
     tokenizer: Any,
     examples: Sequence[Example],
     cfg: TrainConfig,
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> nn.Module:
-    """Wrap `model` with a fresh PEFT LoRA, train it on `examples`, return the PEFT model (train mode off)."""
-    peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
+    """`fit` on chat examples with the upload's hyperparameters."""
     encoded = [encode_example(tokenizer, ex, cfg.max_seq_len) for ex in examples]
     return fit(
         peft_model,
@@ -172,7 +172,7 @@ def fit(
             ema = value if ema is None else 0.9 * ema + 0.1 * value
             if on_progress is not None:
                 elapsed = time.monotonic() - t0
-                on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step)))
+                on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step), tokens))
     peft_model.eval()
     return peft_model
 

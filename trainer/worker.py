@@ -1,20 +1,37 @@
-"""One training job, start to finish: split, router keys, LoRA training, held-out eval, atomic store write."""
+"""One training job, start to finish: split, router keys, the new block (isolated | sapt | kif), the quality
+gate (held-out bar, earlier skills re-checked through the routed path), then one atomic store write.
+
+Methods:
+  isolated  a fresh LoRA block trained on the task alone.
+  sapt      SAPT attentive learning: the block trains inside the attention mix of every earlier block
+            (frozen) with its key and the query projector, plus attentive reflection (trainer/attentive.py).
+            Needs the router in sapt mode: serving mixes blocks with that same attention.
+  kif       Recurrent-KIF: the block starts from the router-weighted mix of the most similar blocks and
+            trains in cycles of inner steps on the task and an outer step on the memory buffer (every
+            earlier skill's stored samples), fused through importance masks (trainer/kif.py).
+"""
 from __future__ import annotations
 
 import logging
 import math
 import random
+import shutil
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from adapters_store.base_model import BaseModel
+from adapters_store.lora import LoRABank, load_peft_adapter, save_peft_adapter
 from adapters_store.store import SkillDraft, SkillRecord, SkillStore
 from router import Router
 
-from .config import TrainConfig
-from .evaluation import generate_greedy, mean_score, metric_for
-from .lora_train import Progress, save_adapter, train_lora
+from .attentive import train_attentive
+from .config import TrainConfig, method_error
+from .kif import KIFSettings, fit_kif, init_from_blocks
+from .lora_train import Progress, add_lora, encode_example, fit_config, pad_id, save_adapter
 from .pseudo import GeneratorConfig, pseudo_replay
+from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
 
 log = logging.getLogger(__name__)
 Example = dict[str, Any]
@@ -29,6 +46,11 @@ def split_examples(examples: list[Example], cfg: TrainConfig) -> tuple[list[Exam
     held, train = shuffled[:n_eval], shuffled[n_eval:]
     replay = rng.sample(train, max(1, round(len(train) * cfg.replay_fraction))) if train else []
     return train, held, replay, held[: cfg.probe_size]
+
+
+def _copy_files(src: Path, dst: Path) -> None:
+    for f in src.iterdir():
+        shutil.copy2(f, dst / f.name)
 
 
 class SkillTrainer:
@@ -48,6 +70,11 @@ class SkillTrainer:
         model = AutoModelForCausalLM.from_pretrained(str(self.base.path), dtype=torch.float32).to(device)
         return model, tok
 
+    def check_method(self, method: str) -> None:
+        error = method_error(method, self.router.settings.mode)
+        if error:
+            raise ValueError(error)
+
     def run(
         self,
         name: str,
@@ -56,40 +83,116 @@ class SkillTrainer:
         method: str = "isolated",
         on_progress: Callable[[Progress], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        force: bool = False,
     ) -> SkillRecord:
+        """Train, gate and store one skill. Raises QualityGateFailed (nothing stored) unless `force`."""
+        self.check_method(method)
         train, held, replay, probe = split_examples(examples, cfg)
+        if self.sync_router:
+            self._sync_router()
         train_texts = [e["route_text"] for e in train]
         router_tensors = self.router.prepare_keys(train_texts)
         router_meta: dict[str, Any] = {"mode": self.router.settings.mode, "threshold": float(router_tensors["threshold"][0])}
+        training: dict[str, Any] = {"method": method, "config": cfg.to_dict()}
         model, tok = self._load_base()
-        sapt = self.router.settings.sapt
         pseudo: list[str] = []
-        if self.router.settings.mode == "sapt":
-            if sapt.replay == "pseudo":  # this skill's own pseudo inputs, replayed when later skills learn
-                pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
-            if self.sync_router:
-                self._sync_router()
-            tensors, attention = self.router.prepare_sapt(name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name))
-            router_tensors.update(tensors)
-            router_meta["sapt_attention"] = attention
-        peft_model = train_lora(model, tok, train, cfg, on_progress=on_progress, should_stop=should_stop)
-        eval_result = self.evaluate(peft_model, tok, train, held)
-        draft = SkillDraft(
-            name=name,
-            write_adapter=lambda folder: save_adapter(peft_model, folder, self.base.model_id),
-            router_tensors=router_tensors,
-            meta={
-                "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
-                "training": {"method": method, "config": cfg.to_dict()},
-                "eval": eval_result,
-                "samples": {"total": len(examples), "train": len(train), "eval": len(held), "replay": len(replay), "probe": len(probe)},
-                "router": router_meta,
-            },
-            replay=replay,
-            probe=probe,
-            pseudo=pseudo,
+        if self.router.settings.mode == "sapt" and self.router.settings.sapt.replay == "pseudo":
+            # this skill's own pseudo inputs, replayed when later skills learn
+            pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
+        with tempfile.TemporaryDirectory(prefix="skillpool-block-") as tmp:
+            folder = Path(tmp)
+            if method == "sapt":
+                held_texts, replay_texts, pool = [e["route_text"] for e in held], self._replay_inputs(name), self.router.pooler
+                assert pool is not None
+                # router-only stage first (SAPT's settings.steps of CE + ARM): the LM steps alone are too few to place the key
+                warm = self.router.sapt_state().learn(name, pool(train_texts), pool(held_texts), {n: pool(t) for n, t in replay_texts.items() if t})
+                result = train_attentive(
+                    model, tok, name, train, held_texts, cfg, warm, pool,
+                    {n: self._record(n).adapter() for n in warm.names if n != name}, replay_texts,
+                    route_weight=cfg.sapt_route_weight, on_progress=on_progress, should_stop=should_stop,
+                )
+                save_peft_adapter(result.adapter, folder, self.base.model_id, cfg.alpha, cfg.target_modules, cfg.dropout)
+                router_tensors.update(result.state.skill_tensors(name))
+                router_meta["sapt_attention"] = result.state.mean_attention[name]
+            else:
+                if self.router.settings.mode == "sapt":  # the block trains alone; the router still learns its key
+                    tensors, attention = self.router.prepare_sapt(name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name))
+                    router_tensors.update(tensors)
+                    router_meta["sapt_attention"] = attention
+                peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
+                if method == "kif":
+                    training["kif"] = self._train_kif(name, peft_model, tok, train, cfg, on_progress, should_stop)
+                else:
+                    fit_config(peft_model, tok, train, cfg, on_progress, should_stop)
+                save_adapter(peft_model, folder, self.base.model_id)
+                model = peft_model.unload()  # the plain base model again, for the gate's routed generation
+            quality = self._gate(name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, router_meta.get("sapt_attention"), force)
+            draft = SkillDraft(
+                name=name,
+                write_adapter=lambda dst: _copy_files(folder, dst),
+                router_tensors=router_tensors,
+                meta={
+                    "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
+                    "training": training,
+                    "eval": quality["new"],
+                    "quality": quality,
+                    "samples": {"total": len(examples), "train": len(train), "eval": len(held), "replay": len(replay), "probe": len(probe)},
+                    "router": router_meta,
+                },
+                replay=replay,
+                probe=probe,
+                pseudo=pseudo,
+            )
+            return self.store.write(draft)
+
+    def _record(self, name: str) -> SkillRecord:
+        rec = self.store.get(name)
+        if rec is None:
+            raise KeyError(f"skill {name!r} is in the router but not in the store at {self.store.root}")
+        return rec
+
+    def _train_kif(self, name: str, peft_model: Any, tok: Any, train: list[Example], cfg: TrainConfig,
+                   on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool] | None) -> dict[str, Any]:
+        """Recurrent-KIF on the new block: seeded from similar blocks, fused against the memory buffer."""
+        seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks)
+        if seeds:
+            init_from_blocks(peft_model, [(self._record(n).adapter(), w) for n, w in seeds.items()])
+        earlier = [rec for rec in self.store.list_latest() if rec.name != name]
+        memory = [encode_example(tok, e, cfg.max_seq_len) for rec in earlier for e in rec.replay()]
+        fit_kif(
+            peft_model, [encode_example(tok, e, cfg.max_seq_len) for e in train], memory, pad_id(tok),
+            epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed,
+            weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio,
+            settings=KIFSettings(cfg.kif_inner_steps, cfg.kif_ema_in, cfg.kif_ema_hist, cfg.kif_top_q, cfg.kif_init_blocks),
+            on_progress=on_progress, should_stop=should_stop,
         )
-        return self.store.write(draft)
+        return {"init_from": seeds, "memory_examples": len(memory), "memory_skills": len(earlier)}
+
+    def _similar_skills(self, name: str, texts: list[str], k: int, sample: int = 64) -> dict[str, float]:
+        """The k registered skills the router sends most of these inputs to, by mean mix weight (normalized)."""
+        if k <= 0 or not texts:
+            return {}
+        share: dict[str, float] = {}
+        for d in self.router.route(texts[:sample]):
+            for skill, w in d.route:
+                if skill != name:
+                    share[skill] = share.get(skill, 0.0) + w
+        top = sorted(share.items(), key=lambda kv: -kv[1])[:k]
+        total = sum(w for _, w in top)
+        return {s: w / total for s, w in top} if total > 0 else {}
+
+    def _gate(self, name: str, model: Any, tok: Any, adapter: Any, train: list[Example], held: list[Example], cfg: TrainConfig,
+              tensors: dict[str, Any], attention: dict[str, float] | None, force: bool) -> dict[str, Any]:
+        """Score the new block and re-check earlier skills through the routed pool; raise unless it passes or is forced."""
+        bank = LoRABank(model)
+        bank.add(name, adapter)
+        new = held_out_scores(model, tok, bank, name, train, held)
+        earlier = [rec for rec in self.store.list_latest() if rec.name != name]
+        scratch = Router(self.router.embedder, self.router.settings, self.router.pooler)  # the live router is untouched
+        report = verdict(new, PoolProbe(scratch, earlier).run(model, tok, bank, name, tensors, attention), cfg, force)
+        if not report["passed"] and not force:
+            raise QualityGateFailed(report)
+        return report
 
     def _sync_router(self) -> None:
         """Load every stored skill's router tensors: the SAPT state a new skill learns on top of."""
@@ -106,18 +209,3 @@ class SkillTrainer:
             pseudo = rec.pseudo() if self.router.settings.sapt.replay == "pseudo" else []
             out[rec.name] = [str(p) for p in pseudo] or [str(e["route_text"]) for e in rec.replay()]
         return out
-
-    @staticmethod
-    def evaluate(peft_model: Any, tok: Any, train: list[Example], held: list[Example]) -> dict[str, Any]:
-        """Score the new block and the plain base model on the held-out split."""
-        metric = metric_for([e["answer"] for e in train])
-        if not held:
-            return {"metric": metric, "score": None, "base_score": None, "n": 0}
-        refs = [e["answer"] for e in held]
-        longest = max(len(tok(e["answer"], add_special_tokens=False)["input_ids"]) for e in train)
-        budget = min(256, longest + 8)
-        prompts = [e["messages"] for e in held]
-        score = mean_score(metric, generate_greedy(peft_model, tok, prompts, budget), refs)
-        with peft_model.disable_adapter():
-            base_score = mean_score(metric, generate_greedy(peft_model, tok, prompts, budget), refs)
-        return {"metric": metric, "score": score, "base_score": base_score, "n": len(held)}

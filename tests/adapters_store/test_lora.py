@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from adapters_store.lora import LoRAAdapter, LoRABank, LoRAFactors, load_peft_adapter, mix_delta
+from adapters_store.lora import LoRAAdapter, LoRABank, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
 
 TARGETS = ("q_proj", "v_proj", "o_proj")
 
@@ -118,3 +118,25 @@ def test_peft_adapter_round_trip_matches_peft_forward(tmp_path) -> None:  # type
     with torch.no_grad(), bank.mixed([[("s", 1.0)], [("s", 1.0)]]):
         got = model(x).logits
     assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_save_peft_adapter_round_trips_and_loads_in_peft(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from peft import PeftModel
+
+    model = tiny_llama()
+    adapter = random_adapter(model, rank=4, alpha=8, seed=5)
+    save_peft_adapter(adapter, tmp_path, "tiny", alpha=8, target_modules=TARGETS)
+    again = load_peft_adapter(tmp_path)
+    assert again.modules.keys() == adapter.modules.keys()
+    for path, f in adapter.modules.items():
+        g = again.modules[path]
+        assert torch.equal(g.A, f.A) and torch.equal(g.B, f.B) and g.scaling == f.scaling
+    x = torch.randint(0, 97, (2, 5))
+    with torch.no_grad():
+        want = merged_copy(model, [(adapter, 1.0)])(x).logits
+        got = PeftModel.from_pretrained(copy.deepcopy(model), tmp_path).eval()(x).logits
+        base = model(x).logits
+    assert torch.allclose(got, want, atol=1e-4)
+    assert not torch.allclose(base, want, atol=1e-3)  # the delta is not negligible: the check above means something
+    with pytest.raises(ValueError, match="scaling"):  # PEFT would load it with alpha / r = 4, not 2
+        save_peft_adapter(adapter, tmp_path / "bad", "tiny", alpha=16, target_modules=TARGETS)

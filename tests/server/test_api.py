@@ -126,6 +126,9 @@ def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, comp
     assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": '{"rank": -1}'}), 400, "config.rank")
     assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": "{"}), 400, "config")
     assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "magic"}), 400, "method")
+    err = assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "sapt"}), 400, "method")
+    assert "--router-mode sapt" in err["message"]  # this server routes with dtkr
+    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "force": "maybe"}), 400, "force")
     assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(3))}, data={"name": "s"}), 400, "file", "invalid_dataset")
     assert_error(client.post("/tasks", files={"name": (None, "s")}), 400, "file", "missing_file")
     assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}), 400, "name", "missing_name")
@@ -137,7 +140,8 @@ def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, comp
 
 
 def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
-    r = client.post("/tasks", files={"file": ("sst2.jsonl", sst2_lines(40))}, data={"name": "sst-2", "config": FAST})
+    # a random tiny model learns nothing, so the quality gate would refuse it: `force` registers it anyway
+    r = client.post("/tasks", files={"file": ("sst2.jsonl", sst2_lines(40))}, data={"name": "sst-2", "config": FAST, "force": "true"})
     assert r.status_code == 202, r.text
     job = r.json()
     assert job["status"] in ("queued", "running") and job["skill"] == "sst-2" and job["examples"] == 40
@@ -146,6 +150,8 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
     assert done["status"] == "succeeded", done
     assert done["progress"]["step"] == done["progress"]["total"] > 0 and done["progress"]["loss"] is not None
     assert done["eval"]["metric"] == "exact_match" and done["eval"]["n"] == 4
+    quality = components.store.get("sst-2").meta["quality"]
+    assert quality["forced"] and not quality["passed"] and "below the bar" in quality["reasons"][0]
     models = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
     assert models["sst-2"]["parent"] == "tiny-llama" and models["sst-2"]["version"] == 1
     forced = chat(client, "anything", model="sst-2")
@@ -168,6 +174,19 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
     assert 'skillpool_route_fallbacks_total{reason="below_threshold"}' in metrics
     assert "skillpool_time_to_first_token_seconds_count" in metrics
     assert 'skillpool_routing_accuracy{skill="sst-2"} 1.0' in metrics  # its 4 held-out probes route to it
+
+
+def test_quality_gate_refuses_a_skill_that_learned_nothing(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    r = client.post("/tasks", files={"file": ("s.jsonl", sst2_lines(40))}, data={"name": "sst-2-again", "config": FAST, "method": "kif"})
+    done = wait_job(client, r.json()["id"])
+    assert done["status"] == "failed" and done["error"].startswith("quality gate: new skill scores"), done
+    report = done["eval"]
+    assert not report["passed"] and not report["forced"]
+    assert report["new"]["score"] < report["new"]["bar"] and report["new"]["n"] == 4
+    assert set(report["earlier"]) == {"sst-2"}  # the registered skill's probes were re-checked through the routed pool
+    assert {"before", "after", "drop", "n", "rerouted"} <= set(report["earlier"]["sst-2"])
+    assert components.store.get("sst-2-again") is None and not list(components.store.tmp_dir.iterdir())
+    assert "sst-2-again" not in [m["id"] for m in client.get("/v1/models").json()["data"]]
 
 
 def test_cancel_a_job(client: TestClient) -> None:

@@ -50,7 +50,7 @@ def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embe
     try:
         with TestClient(create_app(server)) as client:
             r = client.post("/tasks", files={"file": ("s.jsonl", b"\n".join(lines[:30]))},
-                            data={"name": "sst-2", "config": json.dumps({"epochs": 1})})
+                            data={"name": "sst-2", "config": json.dumps({"epochs": 1}), "force": "true"})
             assert r.status_code == 202, r.text
             job = wait_job(client, r.json()["id"])
             assert job["status"] == "succeeded" and job["skill_version"] == 1, job

@@ -1,0 +1,382 @@
+"""`skillpool eval continual`: a task sequence through the real server, scored after every task.
+
+Starts `skillpool serve` on a fresh data dir, uploads each task's training rows to POST /tasks with the
+chosen method, waits for the job (progress bar), then asks every task learned so far through the
+openai client with model="auto" (routed) and the new task with model=<its skill> (task-ID oracle;
+stored blocks are frozen, so a forced block scores the same at every later step and is asked once).
+Baselines come from the same backbone, data split and hyperparameters, trained in this process after
+the server stops: `seq` one LoRA fine-tuned on the tasks in turn, `mtl` one LoRA on all tasks jointly.
+FWT needs ã_i (task i trained alone): the isolated method's oracle diagonal; for other methods it is
+read from an isolated run's JSON (--reference) or trained here.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.config import METHODS, TrainConfig
+from trainer.continual_metrics import ap_curve, cl_metrics
+from trainer.datasets import parse_jsonl
+from trainer.evaluation import mean_score, metric_for
+from trainer.worker import split_examples
+
+BASELINES = ("oracle", "seq", "mtl")
+METRICS = ("auto", "exact_match", "rouge_l")
+
+
+@dataclass
+class Task:
+    name: str
+    train_body: bytes  # the JSONL rows uploaded
+    train: list[dict[str, Any]]  # the rows the server trains on (its split), for the in-process baselines
+    test: list[dict[str, Any]]
+    metric: str
+    budget: int = 16  # max new tokens when answering
+
+
+def _read_rows(path: Path, limit: int | None) -> bytes:
+    if not path.exists():
+        raise SystemExit(f"{path} not found: a task folder holds train.jsonl and test.jsonl")
+    lines = [x for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]  # not splitlines: U+2028 in JSON
+    return "\n".join(lines[:limit] if limit else lines).encode()
+
+
+def load_tasks(folders: list[Path], train_limit: int | None, test_limit: int | None, metric: str, cfg: TrainConfig) -> list[Task]:
+    tasks = []
+    for folder in folders:
+        body = _read_rows(folder / "train.jsonl", train_limit)
+        examples = parse_jsonl(body)
+        test = parse_jsonl(_read_rows(folder / "test.jsonl", test_limit))
+        answers = [e["answer"] for e in examples]
+        tasks.append(Task(folder.name.lower(), body, split_examples(examples, cfg)[0], test, metric_for(answers) if metric == "auto" else metric))
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"task names must be unique: {names}")
+    return tasks
+
+
+def set_budgets(tasks: list[Task], tokenizer: Any, cap: int) -> None:
+    from trainer.quality import answer_budget
+
+    for t in tasks:
+        t.budget = answer_budget(tokenizer, [e["answer"] for e in t.train], cap)
+
+
+# --- the server path --------------------------------------------------------------------------------
+def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[str], list[str]]:
+    """(answers, x-skillpool-route headers), sent concurrently so the server batches them."""
+
+    def one(ex: dict[str, Any]) -> tuple[str, str]:
+        raw = client.chat.completions.with_raw_response.create(model=model, messages=ex["messages"], temperature=0, max_tokens=task.budget)
+        return raw.parse().choices[0].message.content or "", raw.headers.get("x-skillpool-route", "")
+
+    with cf.ThreadPoolExecutor(concurrency) as pool:
+        out = list(pool.map(one, task.test))
+    return [a for a, _ in out], [h for _, h in out]
+
+
+def _score(task: Task, answers: list[str]) -> float:
+    return 100 * mean_score(task.metric, answers, [e["answer"] for e in task.test])
+
+
+def run_server_sequence(args: argparse.Namespace, tasks: list[Task], cfg: TrainConfig, data_dir: Path) -> dict[str, Any]:
+    import httpx
+    from openai import OpenAI
+
+    from .follow import follow
+    from .process import ServerProcess
+
+    mode = args.router_mode or ("sapt" if args.method == "sapt" else "dtkr")
+    extra = ["--router-mode", mode] + (["--model", str(args.model)] if args.model else [])
+    t = len(tasks)
+    matrix: list[list[float | None]] = [[None] * t for _ in range(t)]
+    oracle: list[list[float | None]] = [[None] * t for _ in range(t)]
+    routed: list[list[float | None]] = [[None] * t for _ in range(t)]
+    jobs: list[dict[str, Any]] = []
+    eval_s = 0.0
+    with ServerProcess(data_dir, extra) as srv:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=1800)
+        for j, task in enumerate(tasks):
+            data = {"name": task.name, "method": args.method, "config": json.dumps(cfg.to_dict()), "force": str(args.force).lower()}
+            r = httpx.post(srv.url + "/tasks", files={"file": (f"{task.name}.jsonl", task.train_body)}, data=data, timeout=300)
+            if r.status_code != 202:
+                raise SystemExit(f"upload of {task.name} refused: {r.status_code} {r.text}")
+            job = follow(srv.url, r.json()["id"], f"[{j + 1}/{t}] {task.name} ({args.method})")
+            jobs.append({k: job.get(k) for k in ("skill", "status", "error", "eval", "progress", "started_at", "finished_at")})
+            if job["status"] != "succeeded":
+                raise RuntimeError(f"training {task.name} ended {job['status']}: {job.get('error')}" + ("" if args.force else " (--force registers anyway)"))
+            t0 = time.perf_counter()
+            for i in range(j + 1):  # model=auto: what a user gets, after every task
+                answers, headers = _ask(client, "auto", tasks[i], args.concurrency)
+                matrix[j][i] = _score(tasks[i], answers)
+                routed[j][i] = 100 * sum(h.split("=")[0] == tasks[i].name for h in headers) / len(headers)
+            answers, _ = _ask(client, task.name, task, args.concurrency)
+            for jj in range(j, t):
+                oracle[jj][j] = _score(task, answers)
+            eval_s += time.perf_counter() - t0
+            print(f"after {task.name}: " + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1)), flush=True)
+    train_s = sum((jb["finished_at"] or 0) - (jb["started_at"] or 0) for jb in jobs)
+    tokens = sum(int((jb["progress"] or {}).get("tokens") or 0) for jb in jobs)
+    return {
+        "matrix": matrix, "oracle_matrix": oracle, "routed_to_own_skill": routed, "jobs": jobs, "router_mode": mode,
+        "time": {"train_s": round(train_s, 1), "eval_s": round(eval_s, 1), "train_tokens": tokens, "train_tokens_per_s": round(tokens / max(train_s, 1e-9), 1)},
+    }
+
+
+# --- in-process baselines -----------------------------------------------------------------------------
+class Baselines:
+    """seq, mtl and single-task references on the same backbone, split and hyperparameters."""
+
+    def __init__(self, model_path: Path, cfg: TrainConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.path, self.cfg = model_path, cfg
+        self.tok = AutoTokenizer.from_pretrained(str(model_path))
+        self.tokens, self.train_s = 0, 0.0
+
+    def _fresh(self) -> Any:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from trainer.lora_train import add_lora
+
+        model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32)
+        return add_lora(model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed)
+
+    def _fit(self, peft_model: Any, examples: list[dict[str, Any]], label: str) -> None:
+        from tqdm import tqdm
+
+        from trainer.lora_train import Progress, fit_config
+
+        bar = tqdm(desc=label, unit="step", dynamic_ncols=True)
+        last = [0]
+
+        def progress(p: Progress) -> None:
+            bar.total, bar.n = p.total, p.step
+            bar.set_postfix(loss=f"{p.loss or 0:.3f}", tok_s=f"{p.tokens_per_s:.0f}")
+            last[0] = p.tokens
+
+        t0 = time.perf_counter()
+        try:
+            fit_config(peft_model, self.tok, examples, self.cfg, progress)
+        finally:
+            bar.close()
+        self.train_s += time.perf_counter() - t0
+        self.tokens += last[0]
+
+    def score(self, peft_model: Any, task: Task) -> float:
+        from trainer.evaluation import generate_greedy
+
+        return _score(task, generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
+
+    def seq(self, tasks: list[Task]) -> list[list[float | None]]:
+        model = self._fresh()
+        matrix: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
+        for j, task in enumerate(tasks):
+            self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
+            for i in range(j + 1):
+                matrix[j][i] = self.score(model, tasks[i])
+        return matrix
+
+    def mtl(self, tasks: list[Task]) -> list[float]:
+        import random
+
+        joint = [e for t in tasks for e in t.train]
+        random.Random(self.cfg.seed).shuffle(joint)
+        model = self._fresh()
+        self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
+        return [self.score(model, t) for t in tasks]
+
+    def single(self, tasks: list[Task]) -> list[float]:
+        out = []
+        for task in tasks:
+            model = self._fresh()
+            self._fit(model, task.train, f"single {task.name}")
+            out.append(self.score(model, task))
+        return out
+
+
+def _reference_single(path: Path, tasks: list[Task], args: argparse.Namespace) -> list[float]:
+    """ã from an isolated run with the same limits and hyperparameters."""
+    ref = json.loads(path.read_text())
+    want = {"train_limit": args.train_limit, "test_limit": args.test_limit, "train_config": args.train_config.to_dict()}
+    for key, value in want.items():
+        if ref.get("config", {}).get(key) != value:
+            raise SystemExit(f"--reference {path} was run with another {key}; FWT needs the same setup")
+    single = ref.get("single_task") or {}
+    missing = [t.name for t in tasks if t.name not in single]
+    if missing:
+        raise SystemExit(f"--reference {path} has no single-task score for {missing}")
+    return [float(single[t.name]) for t in tasks]
+
+
+def _with_metrics(matrix: list[list[float | None]], single: list[float] | None) -> dict[str, Any]:
+    return {**cl_metrics(matrix, single), "matrix": matrix, "ap_curve": ap_curve(matrix)}
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    from adapters_store.base_model import resolve_base_model
+
+    cfg: TrainConfig = args.train_config
+    base = resolve_base_model(args.model)
+    tasks = load_tasks(args.tasks, args.train_limit, args.test_limit, args.metric, cfg)
+    baselines = set(args.baselines)
+    t_start = time.perf_counter()
+    from transformers import AutoTokenizer
+
+    set_budgets(tasks, AutoTokenizer.from_pretrained(str(base.path)), args.max_new_tokens)
+    reference = _reference_single(args.reference, tasks, args) if args.reference and args.method != "isolated" else None
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="skillpool-continual-")) / "data"
+    server = run_server_sequence(args, tasks, cfg, data_dir)
+    oracle_diag = [float(server["oracle_matrix"][i][i]) for i in range(len(tasks))]
+    bl = Baselines(base.path, cfg)
+    if args.method == "isolated":
+        single = oracle_diag  # each isolated block is trained alone on the base model
+    elif reference is not None:
+        single = reference
+    else:
+        single = bl.single(tasks)
+    result: dict[str, Any] = {**_with_metrics(server["matrix"], single), "method": args.method}
+    result["baselines"] = {}
+    if "oracle" in baselines:
+        result["baselines"]["oracle"] = _with_metrics(server["oracle_matrix"], single)
+    if "seq" in baselines:
+        result["baselines"]["seq"] = _with_metrics(bl.seq(tasks), single)
+    if "mtl" in baselines:
+        final = bl.mtl(tasks)
+        rows: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
+        rows[-1] = list(final)
+        result["baselines"]["mtl"] = _with_metrics(rows, None)
+    result.update({
+        "tasks": [t.name for t in tasks],
+        "metrics": {t.name: t.metric for t in tasks},
+        "single_task": {t.name: s for t, s in zip(tasks, single)},
+        "routed_to_own_skill": server["routed_to_own_skill"],
+        "jobs": server["jobs"],
+        "router_mode": server["router_mode"],
+        "time": {
+            **server["time"],
+            "baseline_train_s": round(bl.train_s, 1), "baseline_train_tokens": bl.tokens,
+            "baseline_tokens_per_s": round(bl.tokens / bl.train_s, 1) if bl.train_s else None,
+            "total_s": round(time.perf_counter() - t_start, 1),
+        },
+        "config": {
+            "tasks": [str(p) for p in args.tasks], "method": args.method, "train_limit": args.train_limit, "test_limit": args.test_limit,
+            "train_config": cfg.to_dict(), "metric": args.metric, "max_new_tokens": args.max_new_tokens, "model": base.model_id,
+            "force": args.force, "data_dir": str(data_dir),
+        },
+    })
+    return result
+
+
+# --- output -------------------------------------------------------------------------------------------
+def _fmt(v: float | None) -> str:
+    return "   -  " if v is None else f"{v:6.1f}"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    names = result["tasks"]
+    print(f"\nscore matrix ({result['method']}, model=auto; row j = after learning task j, %):")
+    print(" " * 14 + "".join(f"{n[:8]:>9}" for n in names))
+    for j, row in enumerate(result["matrix"]):
+        print(f"{names[j][:13]:<14}" + "".join(f"{_fmt(v):>9}" for v in row))
+    print(f"\n{'':<10}{'AP':>8}{'F.Ra':>8}{'FWT':>8}{'BWT':>8}")
+    for label, m in [(result["method"], result), *result["baselines"].items()]:
+        print(f"{label:<10}" + "".join(f"{_fmt(m.get(k)):>8}" for k in ("AP", "F.Ra", "FWT", "BWT")))
+    tm = result["time"]
+    print(f"\ntime: total {tm['total_s']:.0f}s; method training {tm['train_s']:.0f}s at {tm['train_tokens_per_s']:.0f} tok/s, "
+          f"routed eval {tm['eval_s']:.0f}s; baselines training {tm['baseline_train_s']:.0f}s")
+
+
+def plot(result: dict[str, Any], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = result["tasks"]
+    out = []
+    panels = [(result["method"], result["matrix"])] + [(n, b["matrix"]) for n, b in result["baselines"].items() if n != "mtl"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(1 + 3.2 * len(panels), 3.6), squeeze=False)
+    for ax, (label, m) in zip(axes[0], panels):
+        arr = np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)
+        ax.imshow(arr, vmin=0, vmax=100, cmap="viridis")
+        for (j, i), v in np.ndenumerate(arr):
+            if not np.isnan(v):
+                ax.text(i, j, f"{v:.0f}", ha="center", va="center", color="white" if v < 60 else "black", fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_yticks(range(len(names)), [f"after {n}" for n in names], fontsize=7)
+        ax.set_title(label)
+    fig.tight_layout()
+    path = folder / "score_matrix.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    out.append(path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = range(1, len(names) + 1)
+    for i, n in enumerate(names):
+        ax.plot(list(steps)[i:], [result["matrix"][j][i] for j in range(i, len(names))], marker="o", label=n)
+    for label, b in result["baselines"].items():
+        curve = b["ap_curve"]
+        if all(v is not None for v in curve):
+            ax.plot(steps, curve, linestyle="--", label=f"{label} (mean)")
+    ax.set_xlabel("tasks learned")
+    ax.set_ylabel("score (%)")
+    ax.set_title(f"per-task scores, {result['method']} (model=auto)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = folder / "task_curves.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    out.append(path)
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", type=Path, nargs="+", required=True, help="task folders (train.jsonl, test.jsonl), learned in this order")
+    p.add_argument("--method", choices=METHODS, default="isolated")
+    p.add_argument("--train-limit", type=int, default=None, help="first N training rows per task (default: all)")
+    p.add_argument("--test-limit", type=int, default=None, help="first N test rows per task (default: all)")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--plots", type=Path, default=None)
+    p.add_argument("--baselines", default="oracle,seq,mtl", help=f"comma list of {', '.join(BASELINES)} (empty: none)")
+    p.add_argument("--config", default="{}", help="training hyperparameters for every task (JSON, as POST /tasks takes)")
+    p.add_argument("--metric", choices=METRICS, default="auto", help="auto: exact match for label tasks, ROUGE-L otherwise")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="cap on the answer length (each task: its longest answer + 8)")
+    p.add_argument("--router-mode", default=None, help="default: sapt for --method sapt, else dtkr")
+    p.add_argument("--reference", type=Path, default=None, help="an isolated run's JSON: its single-task scores give FWT")
+    p.add_argument("--force", action="store_true", help="register skills even when the quality gate fails")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--data-dir", type=Path, default=None, help="the server's data dir (default: a fresh temp dir)")
+    p.add_argument("--model", type=Path, default=None, help="local base checkpoint (default: the packaged SmolLM2)")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from trainer.config import ConfigError
+
+    try:
+        args.train_config = TrainConfig.from_dict(json.loads(args.config))
+    except (json.JSONDecodeError, ConfigError) as e:
+        raise SystemExit(f"--config: {e}") from None
+    args.baselines = [b for b in args.baselines.split(",") if b]
+    unknown = sorted(set(args.baselines) - set(BASELINES))
+    if unknown:
+        raise SystemExit(f"--baselines: unknown {unknown} (known: {', '.join(BASELINES)})")
+    result = evaluate(args)
+    print_table(result)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.json}")
+    if args.plots:
+        for p in plot(result, args.plots):
+            print(f"wrote {p}")
+    return result

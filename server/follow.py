@@ -1,0 +1,63 @@
+"""Command-line side of training jobs: upload a task file to a running server and follow the job with a
+progress bar (step, loss, tokens/s, ETA) until it ends."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def follow(url: str, job_id: str, label: str, headers: dict[str, str] | None = None, poll_s: float = 2.0) -> dict[str, Any]:
+    """Poll GET /tasks/{id}, drawing a tqdm bar, until the job reaches a terminal state; return the job."""
+    import httpx
+    from tqdm import tqdm
+
+    bar = tqdm(desc=label, unit="step", dynamic_ncols=True)
+    try:
+        while True:
+            job: dict[str, Any] = httpx.get(f"{url}/tasks/{job_id}", headers=headers, timeout=30).json()
+            p = job.get("progress") or {}
+            if p.get("total"):
+                bar.total, bar.n = p["total"], p.get("step") or 0
+                bar.set_postfix(loss=f"{p.get('loss') or 0:.3f}", tok_s=f"{p.get('tokens_per_s') or 0:.0f}", refresh=False)
+                bar.refresh()
+            if job["status"] in TERMINAL:
+                return job
+            time.sleep(poll_s)
+    finally:
+        bar.close()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, help="JSONL task file (chat or instruction format)")
+    p.add_argument("--name", required=True, help="skill name")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
+    p.add_argument("--method", default=None, help="isolated | sapt | kif (default: the server's)")
+    p.add_argument("--config", default="{}", help="training hyperparameters (JSON)")
+    p.add_argument("--force", action="store_true", help="register even if the quality gate fails")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--no-wait", action="store_true", help="print the job and return at once")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Upload, then follow; exit 0 only if the job succeeded. Errors print the server's message."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    data = {"name": args.name, "config": args.config, "force": str(args.force).lower()}
+    if args.method:
+        data["method"] = args.method
+    r = httpx.post(f"{args.url}/tasks", files={"file": (args.file.name, args.file.read_bytes())}, data=data, headers=headers, timeout=300)
+    if r.status_code != 202:
+        print(f"upload refused ({r.status_code}): {r.text}", file=sys.stderr)
+        return 1
+    job = r.json()
+    if not args.no_wait:
+        job = follow(args.url, job["id"], f"{args.name} ({job['method']})", headers)
+    print(json.dumps(job, indent=2))
+    return 0 if args.no_wait or job["status"] == "succeeded" else 1

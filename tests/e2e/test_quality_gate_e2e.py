@@ -1,0 +1,59 @@
+"""End to end: the quality gate refuses a broken upload (SST-2 with its labels shuffled) on the real SmolLM2
+and leaves the pool as it was; the intact upload of the same task passes the same gate."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import httpx
+import pytest
+
+from load_tests.common import ask, rows, upload, user_text, wait_job
+from server.cli import main
+from server.process import ServerProcess
+from tests.conftest import dataset_dir
+
+pytestmark = pytest.mark.slow
+CONFIG = {"epochs": 2, "eval_fraction": 0.3}  # 30 held-out rows: a bar that 3 lucky answers cannot clear
+
+
+def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dataset_dir("long_sequence", "sst-2")
+    good, broken = rows("long_sequence", "sst-2", "train", 100), rows("long_sequence", "sst-2", "train", 200)[100:]
+    labels = [r["output"] for r in broken]
+    random.Random(0).shuffle(labels)
+    broken = [{**r, "output": y} for r, y in zip(broken, labels)]
+    probe = [user_text(r) for r in rows("long_sequence", "sst-2", "test", 24)]
+    data_dir = tmp_path / "data"
+    with ServerProcess(data_dir) as srv:
+        from openai import OpenAI
+
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        r = upload(srv.url, "sst-2", "\n".join(json.dumps(x) for x in good).encode(), CONFIG)
+        ok = wait_job(srv.url, r.json()["id"], verbose=False)
+        assert ok["status"] == "succeeded", ok
+        assert ok["eval"]["score"] >= ok["eval"]["bar"] and ok["eval"]["n"] == 30
+        before = ask(client, "auto", probe)
+
+        # the broken one through `skillpool upload`, which follows the job and exits 1 when it fails
+        path = tmp_path / "broken.jsonl"
+        path.write_text("\n".join(json.dumps(x) for x in broken))
+        capsys.readouterr()
+        assert main(["upload", str(path), "--name", "sst-2-shuffled", "--url", srv.url, "--config", json.dumps(CONFIG)]) == 1
+        job = json.loads(capsys.readouterr().out)
+        with capsys.disabled():
+            print(json.dumps(job["eval"], indent=1))  # the numbers, for the record
+        assert job["status"] == "failed" and job["error"].startswith("quality gate:"), job
+        report = job["eval"]
+        assert not report["passed"] and report["reasons"]
+        assert report["new"]["score"] < report["new"]["bar"], report  # it learned no better than the most frequent label
+        assert report["earlier"]["sst-2"]["n"] == 20
+
+        models = [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]]
+        assert "sst-2" in models and "sst-2-shuffled" not in models
+        assert not (data_dir / "skills" / "sst-2-shuffled").exists() and not list((data_dir / "tmp").iterdir())
+        after = ask(client, "auto", probe)
+        assert [h for _, h in after] == [h for _, h in before]  # same routes: nothing of the broken skill is served
+        # same answers, up to a rare greedy tie flipped by a different batch composition
+        assert sum(a == b for (a, _), (b, _) in zip(after, before)) >= len(probe) - 2

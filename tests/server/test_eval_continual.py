@@ -1,0 +1,62 @@
+"""`skillpool eval continual` end to end on the tiny model: a real server process, real uploads, real HTTP."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from server.cli import main
+from tests.conftest import dataset_dir
+
+CONFIG = json.dumps({"epochs": 1, "max_seq_len": 192})
+
+
+def run(tmp: Path, tiny_base, method: str, *extra: str) -> dict:  # type: ignore[no-untyped-def]
+    out = tmp / f"{method}.json"
+    args = ["eval", "continual", "--tasks", str(dataset_dir("long_sequence", "sst-2")), str(dataset_dir("long_sequence", "qqp")),
+            "--method", method, "--train-limit", "24", "--test-limit", "6", "--json", str(out), "--config", CONFIG,
+            "--force", "--model", str(tiny_base.path), "--max-new-tokens", "4", "--data-dir", str(tmp / method), *extra]
+    assert main(args) == 0
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def lower_triangular(m: list) -> bool:  # type: ignore[type-arg]
+    return all((m[j][i] is None) == (i > j) for j in range(len(m)) for i in range(len(m)))
+
+
+@pytest.mark.slow  # two server processes and four short trainings: about 2.5 minutes
+def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run(tmp_path, tiny_base, "isolated", "--plots", str(tmp_path / "plots"))
+    assert r["tasks"] == ["sst-2", "qqp"] and lower_triangular(r["matrix"])
+    assert all(0 <= v <= 100 for row in r["matrix"] for v in row if v is not None)
+    assert [j["status"] for j in r["jobs"]] == ["succeeded", "succeeded"]
+    assert set(r["baselines"]) == {"oracle", "seq", "mtl"}
+    oracle = r["baselines"]["oracle"]["matrix"]
+    # isolated blocks are trained alone: the oracle diagonal is the single-task reference, so oracle FWT is 0
+    assert r["single_task"] == {"sst-2": oracle[0][0], "qqp": oracle[1][1]}
+    assert r["baselines"]["oracle"]["FWT"] == pytest.approx(0.0)
+    assert r["FWT"] == pytest.approx(((r["matrix"][0][0] - oracle[0][0]) + (r["matrix"][1][1] - oracle[1][1])) / 2)
+    assert r["BWT"] == pytest.approx(r["matrix"][1][0] - r["matrix"][0][0])
+    assert lower_triangular(r["baselines"]["seq"]["matrix"]) and r["baselines"]["seq"]["BWT"] is not None
+    mtl = r["baselines"]["mtl"]
+    assert mtl["matrix"][0] == [None, None] and mtl["AP"] is not None and mtl["BWT"] is None
+    t = r["time"]
+    assert t["train_tokens"] > 0 and t["train_tokens_per_s"] > 0 and t["baseline_train_tokens"] > 0 and t["total_s"] > 0
+    assert (tmp_path / "plots" / "score_matrix.png").stat().st_size > 0 and (tmp_path / "plots" / "task_curves.png").exists()
+    # another method reuses this run's single-task scores for FWT
+    kif = run(tmp_path, tiny_base, "kif", "--baselines", "", "--reference", str(tmp_path / "isolated.json"))
+    assert kif["single_task"] == r["single_task"] and kif["baselines"] == {}
+    assert kif["jobs"][1]["status"] == "succeeded"
+    with pytest.raises(SystemExit, match="another train_limit"):
+        main(["eval", "continual", "--tasks", str(dataset_dir("long_sequence", "sst-2")), "--method", "kif", "--train-limit", "12",
+              "--json", str(tmp_path / "x.json"), "--reference", str(tmp_path / "isolated.json"), "--config", CONFIG,
+              "--model", str(tiny_base.path), "--baselines", "", "--data-dir", str(tmp_path / "x")])
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    base = ["eval", "continual", "--tasks", str(tmp_path), "--json", str(tmp_path / "o.json")]
+    with pytest.raises(SystemExit, match="--config: config.rank"):
+        main([*base, "--config", '{"rank": 0}'])
+    with pytest.raises(SystemExit, match="unknown \\['nope'\\]"):
+        main([*base, "--baselines", "seq,nope"])

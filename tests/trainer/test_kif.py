@@ -1,0 +1,241 @@
+"""Recurrent-KIF on a tiny model with real PEFT: the SVD seeding of a new block from existing blocks, the
+masked fusion of each cycle, and that replaying a memory buffer this way protects the earlier task."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from adapters_store.lora import LoRAAdapter, LoRAFactors
+from trainer.kif import KIFSettings, fit_kif, init_from_blocks
+from trainer.lora_train import (
+    Cancelled,
+    Progress,
+    _collate,
+    add_lora,
+    answer_loss,
+    encode_example,
+    fit,
+    pad_id,
+)
+
+TARGETS = ("q_proj", "v_proj")
+Encoded = tuple[list[int], list[int]]
+
+TASK_A = [("colour?", "red"), ("fruit?", "apple"), ("pet?", "cat"), ("day?", "monday")]
+TASK_B = [("city?", "paris"), ("metal?", "iron"), ("tree?", "oak"), ("month?", "june")]
+TASK_C = [("car?", "ford"), ("sea?", "pacific"), ("bird?", "owl"), ("note?", "do")]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_base):  # type: ignore[no-untyped-def]
+    return AutoTokenizer.from_pretrained(str(tiny_base.path))
+
+
+def encode(tok, pairs: list[tuple[str, str]]) -> list[Encoded]:  # type: ignore[no-untyped-def]
+    return [encode_example(tok, {"messages": [{"role": "user", "content": q}], "answer": a}, 64) for q, a in pairs]
+
+
+def peft_model(tiny_base, rank: int, seed: int = 0) -> nn.Module:  # type: ignore[no-untyped-def]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_base.path), dtype=torch.float32)
+    return add_lora(model, rank, 2.0 * rank, 0.0, TARGETS, seed)  # no dropout: runs repeat exactly
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    return {
+        name.removeprefix("base_model.model."): mod
+        for name, mod in model.named_modules()
+        if isinstance(getattr(mod, "lora_A", None), nn.ModuleDict) and "default" in mod.lora_A
+    }
+
+
+def block_of(model: nn.Module) -> LoRAAdapter:
+    """The trained block as the store would hold it."""
+    return LoRAAdapter(
+        modules={
+            path: LoRAFactors(
+                A=mod.lora_A["default"].weight.detach().clone(),
+                B=mod.lora_B["default"].weight.detach().clone(),
+                scaling=float(mod.scaling["default"]),
+            )
+            for path, mod in lora_layers(model).items()
+        }
+    )
+
+
+def trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def random_adapter(model: nn.Module, rank: int, scaling: float, seed: int, skip: tuple[str, ...] = ()) -> LoRAAdapter:
+    g = torch.Generator().manual_seed(seed)
+    modules = {}
+    for path, mod in lora_layers(model).items():
+        if path not in skip:
+            base = mod.base_layer
+            A = torch.randn(rank, base.in_features, generator=g) * 0.3
+            modules[path] = LoRAFactors(A=A, B=torch.randn(base.out_features, rank, generator=g) * 0.3, scaling=scaling)
+    return LoRAAdapter(modules=modules)
+
+
+def new_delta(mod: nn.Module) -> torch.Tensor:
+    return float(mod.scaling["default"]) * mod.lora_B["default"].weight.detach() @ mod.lora_A["default"].weight.detach()
+
+
+def test_init_from_blocks_is_the_best_low_rank_fit_of_the_weighted_mix(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    model = peft_model(tiny_base, rank=4)
+    paths = sorted(lora_layers(model))
+    assert len(paths) == 4  # q_proj and v_proj in each of the 2 layers
+    lacking = paths[-1]  # block 2 lacks this module: its weight still counts in the normalization
+    b1 = random_adapter(model, rank=2, scaling=1.5, seed=1)
+    b2 = random_adapter(model, rank=2, scaling=0.5, seed=2, skip=(lacking,))
+
+    assert init_from_blocks(model, [(b1, 3.0), (b2, 1.0)]) == 4
+    for path, mod in lora_layers(model).items():
+        want = 0.75 * b1.modules[path].delta()
+        if path != lacking:
+            want = want + 0.25 * b2.modules[path].delta()
+        assert torch.allclose(new_delta(mod), want, atol=1e-5), path  # total rank 4 <= r: exact
+        assert mod.lora_B["default"].weight.abs().sum() > 0  # no longer PEFT's B = 0
+
+    small = peft_model(tiny_base, rank=1)
+    assert init_from_blocks(small, [(b1, 3.0), (b2, 1.0)]) == 4
+    for path, mod in lora_layers(small).items():
+        target = 0.75 * b1.modules[path].delta() + (0.25 * b2.modules[path].delta() if path != lacking else 0)
+        U, S, Vh = torch.linalg.svd(target, full_matrices=False)
+        best = S[0] * U[:, :1] @ Vh[:1]
+        assert torch.allclose(new_delta(mod), best, atol=1e-5), path
+        assert not torch.allclose(new_delta(mod), target, atol=1e-3)  # a real truncation
+
+
+def test_init_from_blocks_keeps_unused_rank_trainable_and_missing_modules_untouched(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    model = peft_model(tiny_base, rank=6)
+    paths = sorted(lora_layers(model))
+    before = {p: lora_layers(model)[p].lora_A["default"].weight.detach().clone() for p in paths}
+    only_q = random_adapter(model, rank=2, scaling=1.0, seed=3, skip=tuple(p for p in paths if p.endswith("v_proj")))
+
+    assert init_from_blocks(model, [(only_q, 1.0)]) == 2
+    for path, mod in lora_layers(model).items():
+        A, B = mod.lora_A["default"].weight.detach(), mod.lora_B["default"].weight.detach()
+        if path.endswith("v_proj"):  # no block has it: PEFT's init (B = 0, A random) stays
+            assert torch.equal(A, before[path]) and B.abs().sum() == 0
+            continue
+        assert torch.allclose(new_delta(mod), only_q.modules[path].delta(), atol=1e-5)
+        # rank 2 of 6 used: the other 4 components are B = 0 with nonzero A rows, so gradients can grow them
+        assert (B[:, :2].norm(dim=0) > 0).all() and B[:, 2:].abs().sum() == 0
+        assert (A[2:].norm(dim=1) > 0).all()
+
+
+def test_empty_memory_is_plain_fit(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    data = encode(tok, TASK_A + TASK_B)
+    args = {"epochs": 2.0, "batch_size": 3, "learning_rate": 1e-2, "seed": 7, "warmup_ratio": 0.2}
+    plain = fit(peft_model(tiny_base, rank=2), data, pad_id(tok), **args)  # type: ignore[arg-type]
+    kif = fit_kif(peft_model(tiny_base, rank=2), data, [], pad_id(tok), **args)  # type: ignore[arg-type]
+    a, b = trainable(plain), trainable(kif)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not kif.training
+
+
+def test_one_cycle_changes_only_the_masked_coordinates(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    model = peft_model(tiny_base, rank=4)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    start = trainable(model)
+    # every backward's raw gradient and the θ it was taken at, and θ after every step
+    grads: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in params}
+    for n, p in params.items():
+        p.register_hook(lambda g, n=n, p=p: grads[n].append((g.detach().clone(), p.detach().clone())))  # type: ignore[misc]
+    seen: list[Progress] = []
+    after: list[dict[str, torch.Tensor]] = []
+
+    def on_progress(progress: Progress) -> None:
+        seen.append(progress)
+        after.append(trainable(model))
+
+    # 4 examples at batch size 2 = 2 inner steps = exactly one cycle, then one outer step
+    settings = KIFSettings(inner_steps=2, top_q=0.2)
+    fit_kif(
+        model, encode(tok, TASK_B), encode(tok, TASK_A), pad_id(tok),
+        epochs=1.0, batch_size=2, learning_rate=1e-2, seed=0, settings=settings, on_progress=on_progress,
+    )
+    assert [p.step for p in seen] == [1, 2, 3] and {p.total for p in seen} == {3}
+    assert all(p.tokens > 0 for p in seen) and seen[-1].tokens > seen[0].tokens
+    for name, value in trainable(model).items():
+        changed = (value != start[name]).float().mean().item()
+        assert 0 < changed <= 0.4, (name, changed)  # the union of two 20% masks, the rest back at the start
+
+        # the exact rule, recomputed: θ = start + m_in ⊙ τ_in + m_out ⊙ τ_out with masks from |g ⊙ θ| EMAs
+        assert len(grads[name]) == 3
+        i_in = torch.zeros_like(value)
+        for g, theta in grads[name][:2]:
+            i_in.mul_(settings.ema_in).add_((g * theta).abs(), alpha=1 - settings.ema_in)
+        g, theta = grads[name][2]
+        i_hist = (1 - settings.ema_hist) * (g * theta).abs()
+        k = int(0.2 * value.numel())
+
+        def top(i: torch.Tensor, k: int = k) -> torch.Tensor:
+            return torch.zeros(i.numel()).index_fill_(0, i.flatten().topk(k).indices, 1.0).view_as(i)
+
+        mid, end = after[1][name], after[2][name]
+        want = start[name] + top(i_in) * (mid - start[name]) + top(i_hist) * (end - mid)
+        assert torch.allclose(value, want, atol=1e-7), name
+        assert not torch.allclose(value, start[name] + top(i_in) * (mid - start[name]), atol=1e-7)  # τ_out counts
+
+
+def test_progress_counts_outer_steps_and_stop_cancels(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    model = peft_model(tiny_base, rank=2)
+    seen: list[Progress] = []
+    calls = 0
+
+    def stop() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 4
+
+    # 5 examples at batch size 2: 3 inner steps = one cycle of 2 + a partial cycle of 1, so 2 outer steps
+    with pytest.raises(Cancelled):
+        fit_kif(
+            model, encode(tok, TASK_B + TASK_C[:1]), encode(tok, TASK_A), pad_id(tok),
+            epochs=1.0, batch_size=2, learning_rate=1e-2, seed=0,
+            settings=KIFSettings(inner_steps=2), on_progress=seen.append, should_stop=stop,
+        )
+    assert [p.step for p in seen] == [1, 2, 3, 4] and {p.total for p in seen} == {5}
+    assert all(p.loss is not None for p in seen)
+
+
+def test_memory_replay_protects_the_earlier_task(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    a, b, c = encode(tok, TASK_A), encode(tok, TASK_B), encode(tok, TASK_C)
+
+    def loss_on(model: nn.Module, data: list[Encoded]) -> float:
+        with torch.no_grad():
+            return float(answer_loss(model, _collate(data, pad_id(tok))))
+
+    first = peft_model(tiny_base, rank=4)
+    untrained = loss_on(first, a)
+    fit(first, a, pad_id(tok), epochs=20.0, batch_size=4, learning_rate=5e-2, seed=0)
+    assert loss_on(first, a) < untrained - 0.1  # task A was learned
+    block_a = block_of(first)
+
+    def learn_b(memory: list[Encoded] | None) -> nn.Module:
+        model = peft_model(tiny_base, rank=4, seed=10)
+        init_from_blocks(model, [(block_a, 1.0)])  # the new block starts from A's, as in skillpool
+        args = {"epochs": 12.0, "batch_size": 4, "learning_rate": 5e-2, "seed": 0}  # 12 inner + 3 outer steps
+        if memory is None:
+            return fit(model, b, pad_id(tok), **args)  # type: ignore[arg-type]
+        return fit_kif(model, b, memory, pad_id(tok), settings=KIFSettings(inner_steps=4), **args)  # type: ignore[arg-type]
+
+    plain, kif, kif_other = learn_b(None), learn_b(a), learn_b(c)
+    assert loss_on(kif, a) < loss_on(plain, a)  # KIF forgets less of A than plain training
+    # and not only because masking moves less: replaying a memory of an unrelated task protects A less
+    assert loss_on(kif, a) < loss_on(kif_other, a)
+    assert loss_on(kif, b) < loss_on(first, b)  # while B is still learned
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("inner_steps", 0), ("ema_in", 1.0), ("ema_hist", -0.1), ("top_q", 0.0), ("top_q", 1.5), ("init_blocks", -1)],
+)
+def test_settings_are_validated(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        KIFSettings(**{field: value})  # type: ignore[arg-type]
+    KIFSettings(top_q=1.0, ema_in=0.0, init_blocks=0)  # the bounds that are allowed

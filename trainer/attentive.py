@@ -1,0 +1,265 @@
+"""SAPT attentive learning: train a new LoRA block inside the attention mix of the frozen earlier blocks.
+
+While block t trains, every target Linear computes y = W x + Σ_i w_i · s_i · B_i A_i x over blocks 0..t,
+with w = softmax(key · q / (√d · T)) from the query projector over the pooled prompt embeddings: the
+same mix serving applies (adapters_store.lora.LoRABank), so forward transfer from earlier blocks is
+learned through it. Trainable: block t, its key and (a copy of) the projector; earlier blocks and keys
+stay frozen. Loss = answer loss of the mixed model + route_weight · CE(logits, t) (the router signal
+`SAPTState.learn` uses alone) + λ · ARM (earlier skills' attention kept in place, as in `learn`).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter
+from router.sapt import QueryProjector, SAPTState, TokenPooler
+
+from .config import TrainConfig
+from .lora_train import Cancelled, Example, Progress, _batches, _collate, answer_loss, encode_example, pad_id
+
+
+@dataclass(frozen=True)
+class AttentiveResult:
+    adapter: LoRAAdapter  # the new block (float32 on cpu)
+    state: SAPTState  # the router state with the new skill added (new key, trained projector, its ā)
+
+
+class AttentiveLoRALinear(nn.Module):
+    """A frozen Linear plus blocks mixed per row: y = base(x) + Σ_i w[b, i] · s_i · B_i (A_i x).
+
+    The blocks present here are stacked into one rank-Σr down/up projection (as MixedLoRALinear serves
+    them, so the product sum is exact); `weights` (batch or 1, blocks) is set per batch and carries the
+    gradient back to the router. Block tensors are used as given: trainable ones stay Parameters.
+    """
+
+    def __init__(self, base: nn.Linear, blocks: Sequence[tuple[int, LoRAFactors]], dropout: float = 0.0) -> None:
+        super().__init__()
+        self.base = base
+        self.As = [f.A for _, f in blocks]
+        self.Bs = [f.B for _, f in blocks]
+        # column j of the stacked rank belongs to block cols[j], scaled by that block's s
+        self.cols = torch.cat([torch.full((f.rank,), i) for i, f in blocks]).to(base.weight.device) if blocks else None
+        self.col_scale = torch.cat([torch.full((f.rank,), f.scaling) for _, f in blocks]).to(base.weight.device) if blocks else None
+        self.dropout = nn.Dropout(dropout)
+        self.weights: Tensor | None = None
+
+    @property
+    def weight(self) -> Tensor:  # transformers inspects .weight (dtype/device) on some paths
+        return self.base.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        y: Tensor = self.base(x)
+        if self.weights is None or self.cols is None or self.col_scale is None:
+            return y
+        A, B = torch.cat(self.As), torch.cat(self.Bs, dim=1)
+        scale = self.weights[:, self.cols] * self.col_scale  # (batch, Σr)
+        h = F.linear(self.dropout(x).to(A.dtype), A)
+        h = h * (scale[:, None, :] if h.dim() == 3 else scale)
+        return y + F.linear(h, B).to(y.dtype)
+
+
+class AttentiveMix:
+    """The wrapped Linears of a model while a mix is installed; `set_weights` sets every row's block weights."""
+
+    def __init__(self, layers: dict[str, AttentiveLoRALinear]) -> None:
+        self.layers = layers
+
+    def set_weights(self, weights: Tensor | None) -> None:
+        for layer in self.layers.values():
+            layer.weights = None if weights is None else weights.to(layer.base.weight.device)
+
+
+@contextmanager
+def attentive_mix(
+    model: nn.Module, blocks: Sequence[LoRAAdapter], paths: Iterable[str] = (), dropout: float = 0.0
+) -> Iterator[AttentiveMix]:
+    """Within the block, the Linears at `paths` and at every block's module paths apply the mix of `blocks`
+    (block i = blocks[i]; a block lacking a module adds nothing there); the original Linears come back on exit."""
+    wanted = sorted({*paths, *(p for b in blocks for p in b.modules)})
+    layers: dict[str, AttentiveLoRALinear] = {}
+    try:
+        for path in wanted:
+            parent_path, _, attr = path.rpartition(".")
+            parent = model.get_submodule(parent_path)
+            base = getattr(parent, attr)
+            if not isinstance(base, nn.Linear):
+                raise UnsupportedAdapter(f"{path} is {type(base).__name__}, not a Linear layer")
+            own = [(i, b.modules[path]) for i, b in enumerate(blocks) if path in b.modules]
+            layers[path] = AttentiveLoRALinear(base, own, dropout)
+            setattr(parent, attr, layers[path])
+        yield AttentiveMix(layers)
+    finally:
+        for path, layer in layers.items():
+            parent_path, _, attr = path.rpartition(".")
+            setattr(model.get_submodule(parent_path), attr, layer.base)
+
+
+def target_paths(model: nn.Module, target_modules: Sequence[str]) -> list[str]:
+    """Every Linear of the model whose attribute name is in target_modules."""
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.rpartition(".")[2] in target_modules]
+
+
+def new_block(model: nn.Module, cfg: TrainConfig) -> LoRAAdapter:
+    """A fresh trainable block as PEFT starts one (A kaiming-uniform a=√5, B zero), float32 Parameters on the
+    model's device; seeded by its own generator so the process's RNG (a server samples with it) is untouched."""
+    paths = target_paths(model, cfg.target_modules)
+    if not paths:
+        raise ValueError(f"no Linear named {list(cfg.target_modules)} in the model")
+    g = torch.Generator().manual_seed(cfg.seed)
+    modules = {}
+    for path in paths:
+        base = model.get_submodule(path)
+        assert isinstance(base, nn.Linear)
+        A = nn.init.kaiming_uniform_(torch.empty(cfg.rank, base.in_features), a=math.sqrt(5), generator=g)
+        B = torch.zeros(base.out_features, cfg.rank)
+        device = base.weight.device
+        modules[path] = LoRAFactors(A=nn.Parameter(A.to(device)), B=nn.Parameter(B.to(device)), scaling=cfg.alpha / cfg.rank)
+    return LoRAAdapter(modules=modules)
+
+
+class _Unwrapped(nn.Module):
+    """`answer_loss` takes a PEFT model and asks it for the base model: here the model with the mix installed."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def get_base_model(self) -> nn.Module:
+        return self.model
+
+
+def train_attentive(
+    model: nn.Module,
+    tokenizer: Any,
+    name: str,
+    train: Sequence[Example],
+    held_texts: Sequence[str],
+    cfg: TrainConfig,
+    state: SAPTState,
+    pooler: TokenPooler,
+    old_blocks: Mapping[str, LoRAAdapter],
+    replay: Mapping[str, Sequence[str]],
+    *,
+    route_weight: float = 1.0,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> AttentiveResult:
+    """Train skill `name`'s block inside the mix of the earlier blocks (state.names order), with its key and
+    the projector. `model` (a plain HF causal LM) is frozen and given back as it came; `state` is not changed."""
+    if not train:
+        raise ValueError("nothing to train on: no examples")
+    names, frozen_keys = state.blocks_for(name)
+    missing = [n for n in names[:-1] if n not in old_blocks]
+    if missing:
+        raise KeyError(f"no LoRA block given for earlier skill(s) {missing}")
+    device = next(model.parameters()).device
+    # frozen blocks as float32 copies on the model's device (the caller's tensors are never touched)
+    frozen = [
+        LoRAAdapter({p: LoRAFactors(f.A.detach().to(device, torch.float32), f.B.detach().to(device, torch.float32), f.scaling)
+                     for p, f in old_blocks[n].modules.items()})
+        for n in names[:-1]
+    ]
+    block = new_block(model, cfg)
+    proj = copy.deepcopy(state.projector)
+    assert proj is not None
+    pooled = pooler([str(ex["route_text"]) for ex in train])  # once per example: pooling is deterministic
+    # a state that already holds `name` (the router-only stage placed its key) warm-starts the key from there
+    start = state.keys[state.names.index(name)] if name in state.names and state.keys is not None else state.initial_key(proj, pooled, len(names))
+    key = nn.Parameter(start.detach().clone())
+    replay_pooled = {n: pooler(list(replay[n])) for n in names[:-1] if n in replay and len(replay[n])}
+    encoded = [encode_example(tokenizer, ex, cfg.max_seq_len) for ex in train]
+
+    grad_flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    was_training = model.training
+    model.requires_grad_(False)
+    try:
+        with attentive_mix(model, [*frozen, block], dropout=cfg.dropout) as mix:
+            model.train()
+            _fit(model, mix, encoded, pad_id(tokenizer), pooled, cfg, state, names, frozen_keys, key, proj, block,
+                 replay_pooled, route_weight, on_progress, should_stop)
+    finally:
+        model.train(was_training)
+        for n, p in model.named_parameters():
+            p.requires_grad_(grad_flags[n])
+
+    adapter = LoRAAdapter({p: LoRAFactors(f.A.detach().float().cpu().clone(), f.B.detach().float().cpu().clone(), f.scaling)
+                           for p, f in block.modules.items()})
+    held = pooler(list(held_texts)) if held_texts else pooled
+    new_state = state.with_skill(names, torch.cat([frozen_keys, key.detach()[None]]), proj, held)
+    return AttentiveResult(adapter=adapter, state=new_state)
+
+
+def _fit(
+    model: nn.Module, mix: AttentiveMix, encoded: Sequence[tuple[list[int], list[int]]], pad_token_id: int, pooled: Tensor,
+    cfg: TrainConfig, state: SAPTState, names: list[str], frozen_keys: Tensor, key: nn.Parameter, proj: QueryProjector,
+    block: LoRAAdapter, replay_pooled: Mapping[str, Tensor], route_weight: float,
+    on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool] | None,
+) -> None:
+    """`fit`'s loop (batching, step count, warmup/decay, clip, progress, cancel) on the mixed model plus the router losses."""
+    s = state.settings
+    t = len(names) - 1
+    lora_params = [p for f in block.modules.values() for p in (f.A, f.B)]
+    # one block: the softmax is constant, so key and projector get no signal (as in `learn`) and stay out
+    router_params = [*proj.parameters(), key] if t > 0 else []
+    groups: list[dict[str, Any]] = [{"params": lora_params, "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay}]
+    if router_params:
+        groups.append({"params": router_params, "lr": s.lr, "weight_decay": s.weight_decay})
+    opt = torch.optim.AdamW(groups)
+    rng = random.Random(cfg.seed)
+    lengths = [len(x) for x, _ in encoded]
+    total = max(1, math.ceil(math.ceil(len(encoded) / cfg.batch_size) * cfg.epochs))
+    warmup = int(total * cfg.warmup_ratio)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: (i + 1) / max(1, warmup) if i < warmup else max(0.0, (total - i) / max(1, total - warmup))
+    )
+    targets = state.arm_targets(names, replay_pooled)
+    device = next(model.parameters()).device
+    lm = _Unwrapped(model)
+    if router_params:
+        proj.train()
+    step, tokens, t0, ema = 0, 0, time.monotonic(), None
+    while step < total:
+        for batch_ids in _batches(lengths, cfg.batch_size, rng):
+            if step >= total:
+                break
+            if should_stop is not None and should_stop():
+                raise Cancelled()
+            batch = {k: v.to(device) for k, v in _collate([encoded[i] for i in batch_ids], pad_token_id).items()}
+            if t == 0:  # a single block: weight 1
+                mix.set_weights(torch.ones(len(batch_ids), 1))
+                loss = answer = answer_loss(lm, batch)
+            else:
+                keys = torch.cat([frozen_keys, key[None]])
+                logits = state.logits(pooled[batch_ids], proj, keys)
+                mix.set_weights(logits.softmax(-1))
+                answer = answer_loss(lm, batch)
+                loss = answer + route_weight * F.cross_entropy(logits, torch.full((len(batch_ids),), t))
+                if targets and s.arm_lambda > 0:
+                    loss = loss + s.arm_lambda * state.arm_loss(targets, proj, keys)
+            loss.backward()
+            mix.set_weights(None)  # drop the graph's last reference before the next batch
+            for params in (lora_params, router_params):  # clipped apart: the router's CE must not shrink the block's step
+                if params:
+                    torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            tokens += int(batch["attention_mask"].sum())
+            value = float(answer.detach())  # the answer loss, comparable with isolated training's
+            ema = value if ema is None else 0.9 * ema + 0.1 * value
+            if on_progress is not None:
+                elapsed = time.monotonic() - t0
+                on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step), tokens))
+    proj.eval()

@@ -1,0 +1,228 @@
+"""Recurrent-KIF: learn a new LoRA block on a task while protecting what a memory buffer of earlier tasks needs.
+
+Training runs cycles. Each cycle takes Q inner steps on the new task from `start`, then one outer step on a
+memory batch, and keeps only the important part of each: θ = start + m_in ⊙ τ_in + m_out ⊙ τ_out, where the
+masks hold the top share of each tensor's coordinates by EMA-smoothed importance |grad ⊙ θ|. Coordinates
+important to neither fall back to the cycle start, so the new task cannot drift them away from what the
+memory relies on. Only the trainable parameters (the new block) are fused; old blocks stay frozen.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from adapters_store.lora import LoRAAdapter, mix_delta
+
+from .lora_train import Cancelled, Progress, _batches, _collate, answer_loss, fit
+
+Encoded = tuple[list[int], list[int]]  # (token ids, labels) as encode_example makes them
+
+ADAPTER = "default"  # the PEFT adapter name add_lora trains
+PEFT_PREFIX = "base_model.model."  # PEFT module names = this + the base model's module path
+
+
+@dataclass(frozen=True)
+class KIFSettings:
+    inner_steps: int = 8  # Q: new-task steps per cycle
+    ema_in: float = 0.55  # α, EMA of the new task's importance
+    ema_hist: float = 0.55  # β, EMA of the memory's importance
+    top_q: float = 0.2  # share of coordinates kept per tensor by each mask
+    init_blocks: int = 3  # at most this many similar existing blocks seed the new block
+
+    def __post_init__(self) -> None:
+        if self.inner_steps < 1:
+            raise ValueError(f"inner_steps must be >= 1, got {self.inner_steps}")
+        for name in ("ema_in", "ema_hist"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 < self.top_q <= 1:
+            raise ValueError(f"top_q must be in (0, 1], got {self.top_q}")
+        if self.init_blocks < 0:
+            raise ValueError(f"init_blocks must be >= 0, got {self.init_blocks}")
+
+
+def _lora_layers(peft_model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(base model module path, PEFT LoRA layer) for every layer carrying the trainable adapter."""
+    for name, module in peft_model.named_modules():
+        lora_a = getattr(module, "lora_A", None)
+        if isinstance(lora_a, nn.ModuleDict) and ADAPTER in lora_a:
+            yield name.removeprefix(PEFT_PREFIX), module
+
+
+def _factors(layer: nn.Module) -> tuple[Tensor, Tensor, float]:
+    """A PEFT LoRA layer's trainable (A, B) weights and scaling."""
+    a = cast(nn.Linear, cast(nn.ModuleDict, layer.lora_A)[ADAPTER])
+    b = cast(nn.Linear, cast(nn.ModuleDict, layer.lora_B)[ADAPTER])
+    return a.weight, b.weight, float(cast(dict[str, float], layer.scaling)[ADAPTER])
+
+
+def init_from_blocks(peft_model: nn.Module, blocks: Sequence[tuple[LoRAAdapter, float]]) -> int:
+    """Start the PEFT model's trainable LoRA block (adapter "default") at the best rank-r approximation of
+    the router-weighted mix Σ_j w_j · s_j · B_j A_j of existing blocks (weights normalized to sum 1), per module,
+    by truncated SVD: s·B·A = U_r S_r V_rᵀ with B = U_r √S_r / √s, A = √S_r V_rᵀ / √s (s = the new block's scaling).
+    Modules no existing block has keep PEFT's init. Returns the number of modules initialized.
+
+    Components with a (numerically) zero singular value, e.g. when the blocks' total rank is below r, get B = 0
+    and keep PEFT's random A row: the product is unchanged, and the direction stays trainable (A = B = 0 would be
+    a saddle the gradient never leaves).
+    """
+    if not blocks:
+        return 0
+    total = sum(w for _, w in blocks)
+    if any(w < 0 for _, w in blocks) or total <= 0:
+        raise ValueError(f"block weights must be >= 0 with a positive sum, got {[w for _, w in blocks]}")
+    weights = [(adapter, w / total) for adapter, w in blocks]
+    count = 0
+    for path, layer in _lora_layers(peft_model):
+        mix = [(adapter.modules[path], w) for adapter, w in weights if path in adapter.modules]
+        if not mix:
+            continue
+        a_weight, b_weight, scaling = _factors(layer)
+        if scaling <= 0:
+            raise ValueError(f"{path}: the new block's scaling must be > 0, got {scaling}")
+        target = mix_delta(mix).to(device=a_weight.device, dtype=torch.float32)  # mix in float32
+        rank, expected = a_weight.shape[0], (b_weight.shape[0], a_weight.shape[1])
+        if tuple(target.shape) != expected:
+            raise ValueError(f"{path}: existing blocks give a {tuple(target.shape)} delta, the layer needs {expected}")
+        U, S, Vh = torch.linalg.svd(target, full_matrices=False)
+        k = min(rank, S.shape[0])
+        # split √S evenly between the factors so neither dwarfs the other (balanced gradients for both)
+        root = (S[:k] / scaling).sqrt()
+        new_b = torch.zeros(expected[0], rank, device=target.device)
+        new_a = a_weight.detach().float().clone()  # PEFT's init, kept only for the null components
+        alive = S[:k] > S[0] * 1e-6  # relative: the mix's scale is arbitrary
+        new_b[:, :k] = U[:, :k] * root * alive
+        new_a[:k][alive] = (root[:, None] * Vh[:k])[alive]
+        with torch.no_grad():
+            a_weight.copy_(new_a.to(a_weight.dtype))  # written back in the layer's dtype
+            b_weight.copy_(new_b.to(b_weight.dtype))
+        count += 1
+    return count
+
+
+def _top_mask(importance: Tensor, share: float) -> Tensor:
+    """Boolean mask of the top `share` of a tensor's coordinates by importance (at least one)."""
+    n = importance.numel()
+    k = min(n, max(1, int(share * n + 1e-9)))  # epsilon: 0.29·100 must give 29, not 28
+    mask = torch.zeros(n, dtype=torch.bool, device=importance.device)
+    mask[importance.flatten().topk(k).indices] = True
+    return mask.view_as(importance)
+
+
+def fit_kif(
+    peft_model: nn.Module,
+    new: Sequence[Encoded],
+    memory: Sequence[Encoded],
+    pad_token_id: int,
+    *,
+    epochs: float,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    weight_decay: float = 0.0,
+    warmup_ratio: float = 0.0,
+    settings: KIFSettings = KIFSettings(),
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> nn.Module:
+    """Train the PEFT model's trainable block on `new` with Recurrent-KIF against the `memory` buffer.
+
+    Same batches, optimizer (AdamW), warmup/linear-decay schedule and grad clip as `fit`, plus one outer step
+    on a memory batch after every `inner_steps` new-task steps. Empty memory is plain `fit`. Returns
+    `peft_model` with train mode off.
+    """
+    if not memory:  # nothing to protect: KIF would only mask away useful updates
+        return fit(
+            peft_model,
+            new,
+            pad_token_id,
+            epochs=epochs,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            seed=seed,
+            weight_decay=weight_decay,
+            warmup_ratio=warmup_ratio,
+            on_progress=on_progress,
+            should_stop=should_stop,
+        )
+    if not new:
+        raise ValueError("nothing to train on: no encoded examples")
+    rng = random.Random(seed)  # same new-task batches as fit with this seed
+    memory_rng = random.Random(f"{seed}:kif-memory")  # independent stream, so memory draws don't shift them
+    lengths = [len(x) for x, _ in new]
+    inner_total = max(1, math.ceil(math.ceil(len(new) / batch_size) * epochs))
+    q = settings.inner_steps
+    total = inner_total + math.ceil(inner_total / q)  # one outer step per (possibly partial) cycle
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+    warmup = int(total * warmup_ratio)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+    )
+    device = next(peft_model.parameters()).device
+    imp_in = [torch.zeros_like(p, dtype=torch.float32) for p in params]  # kept across cycles
+    imp_hist = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+    step, tokens, t0 = 0, 0, time.monotonic()
+    ema: float | None = None  # smoothed new-task loss: what the job is learning, memory losses excluded
+
+    def train_step(items: Sequence[Encoded], importance: list[Tensor], decay: float) -> float:
+        nonlocal step, tokens
+        if should_stop is not None and should_stop():
+            raise Cancelled()
+        batch = {k: v.to(device) for k, v in _collate(items, pad_token_id).items()}
+        loss = answer_loss(peft_model, batch)
+        loss.backward()
+        with torch.no_grad():  # importance from the raw gradient at the θ it was taken at, before clip and step
+            for imp, p in zip(importance, params, strict=True):
+                if p.grad is not None:
+                    imp.mul_(decay).add_((p.grad.float() * p.float()).abs(), alpha=1 - decay)
+                else:
+                    imp.mul_(decay)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        tokens += int(batch["attention_mask"].sum())
+        return float(loss.detach())
+
+    def report() -> None:
+        if on_progress is not None:
+            elapsed = time.monotonic() - t0
+            on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step), tokens))
+
+    def batches() -> Iterator[list[int]]:
+        while True:  # epochs of shuffled batches, as fit draws them
+            yield from _batches(lengths, batch_size, rng)
+
+    new_batches = batches()
+    inner_done = 0
+    peft_model.train()
+    while inner_done < inner_total:
+        start = [p.detach().clone() for p in params]
+        for _ in range(min(q, inner_total - inner_done)):
+            value = train_step([new[i] for i in next(new_batches)], imp_in, settings.ema_in)
+            ema = value if ema is None else 0.9 * ema + 0.1 * value
+            inner_done += 1
+            report()
+        before_outer = [p.detach().clone() for p in params]
+        if len(memory) >= batch_size:
+            picks = memory_rng.sample(range(len(memory)), batch_size)
+        else:  # a small buffer still fills the batch, with repeats
+            picks = memory_rng.choices(range(len(memory)), k=batch_size)
+        train_step([memory[i] for i in picks], imp_hist, settings.ema_hist)
+        report()
+        with torch.no_grad():
+            for p, s, mid, i_in, i_hist in zip(params, start, before_outer, imp_in, imp_hist, strict=True):
+                tau_in, tau_out = mid - s, p - mid
+                m_in, m_out = _top_mask(i_in, settings.top_q), _top_mask(i_hist, settings.top_q)
+                p.copy_(s + tau_in * m_in + tau_out * m_out)  # both updates add where both masks hold
+    peft_model.eval()
+    return peft_model

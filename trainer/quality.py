@@ -1,0 +1,119 @@
+"""The quality gate: a new skill is registered only if it learned its task and left earlier skills intact.
+
+1. The new block, forced (as `model=<skill>` serves it), must beat both the base model and the trivial
+   answer (the most frequent training answer) on its held-out split by `quality_min_gain`. A broken
+   upload (shuffled labels) learns the label frequencies at best, so it scores like the trivial answer.
+2. Every earlier skill's stored probe prompts are answered through the routed path (router decision →
+   per-row LoRA mix), once with the pool as it is and once with the new skill added; a drop of more
+   than `quality_max_drop` fails the job. Only rows whose route changed are generated twice.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from adapters_store.lora import LoRABank, Mix
+from adapters_store.store import SkillRecord
+from router import Router
+
+from .config import TrainConfig
+from .evaluation import generate_greedy, mean_score, metric_for
+
+Example = dict[str, Any]
+
+
+class QualityGateFailed(Exception):
+    """The job fails with these numbers; nothing is registered."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.report = report
+        super().__init__("quality gate: " + "; ".join(report["reasons"]))
+
+
+def answer_budget(tokenizer: Any, answers: Sequence[str], cap: int = 256) -> int:
+    """Generation budget: the longest reference answer plus a little slack."""
+    longest = max((len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers), default=1)
+    return min(cap, longest + 8)
+
+
+def trivial_answer(answers: Sequence[str]) -> str:
+    return Counter(a.strip() for a in answers).most_common(1)[0][0] if answers else ""
+
+
+def held_out_scores(model: Any, tok: Any, bank: LoRABank, name: str, train: list[Example], held: list[Example]) -> dict[str, Any]:
+    """The new block (forced), the base model and the trivial answer on the held-out split."""
+    metric = metric_for([e["answer"] for e in train])
+    if not held:
+        return {"metric": metric, "score": None, "base_score": None, "trivial_score": None, "n": 0}
+    refs, prompts = [e["answer"] for e in held], [e["messages"] for e in held]
+    budget = answer_budget(tok, [e["answer"] for e in train])
+    forced: list[Mix] = [[(name, 1.0)]] * len(held)
+    score = mean_score(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=forced), refs)
+    base = mean_score(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=[[]] * len(held)), refs)
+    trivial = mean_score(metric, [trivial_answer([e["answer"] for e in train])] * len(held), refs)
+    return {"metric": metric, "score": score, "base_score": base, "trivial_score": trivial, "n": len(held)}
+
+
+@dataclass
+class PoolProbe:
+    """Earlier skills' probes answered through a scratch router, before and after adding the new skill."""
+
+    router: Router
+    earlier: list[SkillRecord]
+
+    def run(self, model: Any, tok: Any, bank: LoRABank, name: str, tensors: dict[str, Any], attention: dict[str, float] | None) -> dict[str, dict[str, Any]]:
+        probes = {rec.name: rec.probe() for rec in self.earlier}
+        rows = [(rec.name, p) for rec in self.earlier for p in probes[rec.name]]
+        if not rows:
+            return {}
+        for rec in self.earlier:
+            self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
+            bank.add(rec.name, rec.adapter())
+        feats = self.router.features([p["route_text"] for _, p in rows])
+        before = [d.route for d in self.router.route_features(feats)]
+        self.router.add_skill(name, tensors, attention)
+        after = [d.route for d in self.router.route_features(feats)]
+        changed = [i for i in range(len(rows)) if after[i] != before[i]]
+        budget = answer_budget(tok, [p["answer"] for _, p in rows])
+        prompts = [p["messages"] for _, p in rows]
+        answers_before = generate_greedy(model, tok, prompts, budget, bank=bank, mixes=before)
+        answers_after = list(answers_before)
+        if changed:
+            redo = generate_greedy(model, tok, [prompts[i] for i in changed], budget, bank=bank, mixes=[after[i] for i in changed])
+            for i, a in zip(changed, redo):
+                answers_after[i] = a
+        out: dict[str, dict[str, Any]] = {}
+        rerouted = set(changed)
+        for rec in self.earlier:
+            idx = [i for i, (n, _) in enumerate(rows) if n == rec.name]
+            if not idx:
+                continue
+            metric = (rec.meta.get("eval") or {}).get("metric") or metric_for([rows[i][1]["answer"] for i in idx])
+            refs = [rows[i][1]["answer"] for i in idx]
+            b = mean_score(metric, [answers_before[i] for i in idx], refs)
+            a = mean_score(metric, [answers_after[i] for i in idx], refs)
+            moved = sum(1 for i in idx if i in rerouted)
+            out[rec.name] = {"metric": metric, "before": b, "after": a, "drop": b - a, "n": len(idx), "rerouted": moved}
+        return out
+
+
+def verdict(new: dict[str, Any], earlier: dict[str, dict[str, Any]], cfg: TrainConfig, force: bool) -> dict[str, Any]:
+    """The gate's report; `passed` False (and not forced) means the job fails with `reasons`."""
+    reasons: list[str] = []
+    if new.get("score") is not None:
+        bar = max(new["base_score"], new["trivial_score"]) + cfg.quality_min_gain
+        new = {**new, "bar": bar}
+        if new["score"] < bar:
+            reasons.append(
+                f"new skill scores {new['score']:.3f} {new['metric']} on {new['n']} held-out examples, below the bar {bar:.3f} "
+                f"(base model {new['base_score']:.3f}, most frequent answer {new['trivial_score']:.3f}, + quality_min_gain {cfg.quality_min_gain})"
+            )
+    for skill, r in earlier.items():
+        if r["drop"] > cfg.quality_max_drop:
+            reasons.append(
+                f"skill {skill!r} drops from {r['before']:.3f} to {r['after']:.3f} {r['metric']} on its {r['n']} probe prompts "
+                f"through the routed pool (more than quality_max_drop {cfg.quality_max_drop})"
+            )
+    return {"new": new, "earlier": earlier, "passed": not reasons, "forced": force and bool(reasons), "reasons": reasons}
