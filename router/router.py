@@ -25,7 +25,7 @@ threshold.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import faiss
@@ -169,7 +169,7 @@ class Router:
         }
 
     def prepare_sapt(self, name: str, train: Sequence[str], held: Sequence[str],
-                     replay: dict[str, Sequence[str]]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+                     replay: Mapping[str, Sequence[str]]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Learn skill `name` into a copy of the registered SAPT state: (its router tensors, its ā by block).
 
         train/held: the skill's inputs; replay: replay (or pseudo) inputs of earlier skills, by name.

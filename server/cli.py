@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     routing_arguments(ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each"))
     from .eval_continual import add_arguments as continual_arguments
 
-    continual_arguments(ev.add_parser("continual", help="learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines"))
+    continual_help = "learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines"
+    continual_arguments(ev.add_parser("continual", help=continual_help))
     args = parser.parse_args(argv)
     if args.command == "eval" and args.what == "routing":
         from router.evaluation import run as run_routing

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import math
 import random
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter
 from router.sapt import QueryProjector, SAPTState, TokenPooler
 
 from .config import TrainConfig
-from .lora_train import Cancelled, Example, Progress, _batches, _collate, answer_loss, encode_example, pad_id
+from .lora_train import Cancelled, Example, Progress, ProgressMeter, _batches, _collate, answer_loss, encode_example, pad_id, warmup_then_decay
 
 
 @dataclass(frozen=True)
@@ -219,19 +218,16 @@ def _fit(
     rng = random.Random(cfg.seed)
     lengths = [len(x) for x, _ in encoded]
     total = max(1, math.ceil(math.ceil(len(encoded) / cfg.batch_size) * cfg.epochs))
-    warmup = int(total * cfg.warmup_ratio)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: (i + 1) / max(1, warmup) if i < warmup else max(0.0, (total - i) / max(1, total - warmup))
-    )
+    sched = warmup_then_decay(opt, total, cfg.warmup_ratio)
     targets = state.arm_targets(names, replay_pooled)
     device = next(model.parameters()).device
     lm = _Unwrapped(model)
     if router_params:
         proj.train()
-    step, tokens, t0, ema = 0, 0, time.monotonic(), None
-    while step < total:
+    meter = ProgressMeter(total, on_progress)
+    while meter.step < total:
         for batch_ids in _batches(lengths, cfg.batch_size, rng):
-            if step >= total:
+            if meter.step >= total:
                 break
             if should_stop is not None and should_stop():
                 raise Cancelled()
@@ -255,11 +251,6 @@ def _fit(
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            step += 1
-            tokens += int(batch["attention_mask"].sum())
-            value = float(answer.detach())  # the answer loss, comparable with isolated training's
-            ema = value if ema is None else 0.9 * ema + 0.1 * value
-            if on_progress is not None:
-                elapsed = time.monotonic() - t0
-                on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step), tokens))
+            # the answer loss alone, comparable with isolated training's
+            meter.count(int(batch["attention_mask"].sum()), float(answer.detach()))
     proj.eval()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -20,7 +19,7 @@ from torch import Tensor, nn
 
 from adapters_store.lora import LoRAAdapter, mix_delta
 
-from .lora_train import Cancelled, Progress, _batches, _collate, answer_loss, fit
+from .lora_train import Cancelled, Progress, ProgressMeter, _batches, _collate, answer_loss, fit, warmup_then_decay
 
 Encoded = tuple[list[int], list[int]]  # (token ids, labels) as encode_example makes them
 
@@ -162,18 +161,13 @@ def fit_kif(
     total = inner_total + math.ceil(inner_total / q)  # one outer step per (possibly partial) cycle
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
-    warmup = int(total * warmup_ratio)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
-    )
+    sched = warmup_then_decay(opt, total, warmup_ratio)
     device = next(peft_model.parameters()).device
     imp_in = [torch.zeros_like(p, dtype=torch.float32) for p in params]  # kept across cycles
     imp_hist = [torch.zeros_like(p, dtype=torch.float32) for p in params]
-    step, tokens, t0 = 0, 0, time.monotonic()
-    ema: float | None = None  # smoothed new-task loss: what the job is learning, memory losses excluded
+    meter = ProgressMeter(total, on_progress)  # its loss: the new task's, memory steps excluded
 
-    def train_step(items: Sequence[Encoded], importance: list[Tensor], decay: float) -> float:
-        nonlocal step, tokens
+    def train_step(items: Sequence[Encoded], importance: list[Tensor], decay: float, report_loss: bool) -> None:
         if should_stop is not None and should_stop():
             raise Cancelled()
         batch = {k: v.to(device) for k, v in _collate(items, pad_token_id).items()}
@@ -189,14 +183,7 @@ def fit_kif(
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        step += 1
-        tokens += int(batch["attention_mask"].sum())
-        return float(loss.detach())
-
-    def report() -> None:
-        if on_progress is not None:
-            elapsed = time.monotonic() - t0
-            on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step), tokens))
+        meter.count(int(batch["attention_mask"].sum()), float(loss.detach()) if report_loss else None)
 
     def batches() -> Iterator[list[int]]:
         while True:  # epochs of shuffled batches, as fit draws them
@@ -208,17 +195,14 @@ def fit_kif(
     while inner_done < inner_total:
         start = [p.detach().clone() for p in params]
         for _ in range(min(q, inner_total - inner_done)):
-            value = train_step([new[i] for i in next(new_batches)], imp_in, settings.ema_in)
-            ema = value if ema is None else 0.9 * ema + 0.1 * value
+            train_step([new[i] for i in next(new_batches)], imp_in, settings.ema_in, True)
             inner_done += 1
-            report()
         before_outer = [p.detach().clone() for p in params]
         if len(memory) >= batch_size:
             picks = memory_rng.sample(range(len(memory)), batch_size)
         else:  # a small buffer still fills the batch, with repeats
             picks = memory_rng.choices(range(len(memory)), k=batch_size)
-        train_step([memory[i] for i in picks], imp_hist, settings.ema_hist)
-        report()
+        train_step([memory[i] for i in picks], imp_hist, settings.ema_hist, False)
         with torch.no_grad():
             for p, s, mid, i_in, i_hist in zip(params, start, before_outer, imp_in, imp_hist, strict=True):
                 tau_in, tau_out = mid - s, p - mid

@@ -120,6 +120,34 @@ def add_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_m
     )
 
 
+def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over `warmup_ratio` of the steps, then linear decay to 0 at step `total`."""
+    warmup = int(total * warmup_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+    )
+
+
+class ProgressMeter:
+    """Counts steps and tokens, smooths the loss, and reports a `Progress` after every step."""
+
+    def __init__(self, total: int, on_progress: Callable[[Progress], None] | None) -> None:
+        self.total, self.on_progress = total, on_progress
+        self.step, self.tokens, self.t0 = 0, 0, time.monotonic()
+        self.ema: float | None = None
+
+    def count(self, tokens: int, loss: float | None) -> None:
+        """One step done on `tokens` tokens; `loss` None leaves the smoothed loss as it is (e.g. a replay step)."""
+        self.step += 1
+        self.tokens += tokens
+        if loss is not None:
+            self.ema = loss if self.ema is None else 0.9 * self.ema + 0.1 * loss
+        if self.on_progress is not None:
+            elapsed = time.monotonic() - self.t0
+            rate, eta = self.tokens / max(elapsed, 1e-9), elapsed / self.step * (self.total - self.step)
+            self.on_progress(Progress(self.step, self.total, self.ema, rate, eta, self.tokens))
+
+
 def fit(
     peft_model: nn.Module,
     encoded: Sequence[tuple[list[int], list[int]]],
@@ -146,16 +174,13 @@ def fit(
     total = max(1, math.ceil(steps_per_epoch * epochs))
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
-    warmup = int(total * warmup_ratio)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
-    )
+    sched = warmup_then_decay(opt, total, warmup_ratio)
     device = next(peft_model.parameters()).device
     peft_model.train()
-    step, tokens, t0, ema = 0, 0, time.monotonic(), None
-    while step < total:
+    meter = ProgressMeter(total, on_progress)
+    while meter.step < total:
         for batch_ids in _batches(lengths, batch_size, rng):
-            if step >= total:
+            if meter.step >= total:
                 break
             if should_stop is not None and should_stop():
                 raise Cancelled()
@@ -166,13 +191,7 @@ def fit(
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            step += 1
-            tokens += int(batch["attention_mask"].sum())
-            value = float(loss.detach())
-            ema = value if ema is None else 0.9 * ema + 0.1 * value
-            if on_progress is not None:
-                elapsed = time.monotonic() - t0
-                on_progress(Progress(step, total, ema, tokens / max(elapsed, 1e-9), elapsed / step * (total - step), tokens))
+            meter.count(int(batch["attention_mask"].sum()), float(loss.detach()))
     peft_model.eval()
     return peft_model
 

@@ -92,10 +92,10 @@ class PoolProbe:
                 continue
             metric = (rec.meta.get("eval") or {}).get("metric") or metric_for([rows[i][1]["answer"] for i in idx])
             refs = [rows[i][1]["answer"] for i in idx]
-            b = mean_score(metric, [answers_before[i] for i in idx], refs)
-            a = mean_score(metric, [answers_after[i] for i in idx], refs)
-            moved = sum(1 for i in idx if i in rerouted)
-            out[rec.name] = {"metric": metric, "before": b, "after": a, "drop": b - a, "n": len(idx), "rerouted": moved}
+            score_before = mean_score(metric, [answers_before[i] for i in idx], refs)
+            score_after = mean_score(metric, [answers_after[i] for i in idx], refs)
+            out[rec.name] = {"metric": metric, "before": score_before, "after": score_after, "drop": score_before - score_after,
+                             "n": len(idx), "rerouted": sum(1 for i in idx if i in rerouted)}
         return out
 
 

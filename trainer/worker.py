@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from adapters_store.base_model import BaseModel
 from adapters_store.lora import LoRABank, load_peft_adapter, save_peft_adapter
@@ -116,17 +116,18 @@ class SkillTrainer:
                 router_meta["sapt_attention"] = result.state.mean_attention[name]
             else:
                 if self.router.settings.mode == "sapt":  # the block trains alone; the router still learns its key
-                    tensors, attention = self.router.prepare_sapt(name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name))
+                    tensors, mean_attention = self.router.prepare_sapt(name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name))
                     router_tensors.update(tensors)
-                    router_meta["sapt_attention"] = attention
+                    router_meta["sapt_attention"] = mean_attention
                 peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
                 if method == "kif":
                     training["kif"] = self._train_kif(name, peft_model, tok, train, cfg, on_progress, should_stop)
                 else:
                     fit_config(peft_model, tok, train, cfg, on_progress, should_stop)
                 save_adapter(peft_model, folder, self.base.model_id)
-                model = peft_model.unload()  # the plain base model again, for the gate's routed generation
-            quality = self._gate(name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, router_meta.get("sapt_attention"), force)
+                model = cast(Any, peft_model).unload()  # the plain base model again, for the gate's routed generation
+            attention = router_meta.get("sapt_attention")
+            quality = self._gate(name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, attention, force)
             draft = SkillDraft(
                 name=name,
                 write_adapter=lambda dst: _copy_files(folder, dst),
