@@ -45,6 +45,7 @@ class TrainConfig:
     seed: int = 0
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
+    quality_z: float = 1.645  # ... and the gain's lower bound (mean - z * standard error) must be > 0 (0 disables)
     quality_max_drop: float = 0.1  # an earlier skill's routed probe score may drop by at most this
     # method kif (trainer/kif.py): Recurrent-KIF
     kif_inner_steps: int = 8  # Q inner steps on the new task per outer step on the memory buffer
@@ -85,7 +86,7 @@ class TrainConfig:
         for name in ("dropout", "warmup_ratio", "eval_fraction", "replay_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"config.{name}", "must be in [0, 1)")
-        for name in ("weight_decay", "probe_size", "quality_max_drop", "kif_init_blocks", "sapt_route_weight"):
+        for name in ("weight_decay", "probe_size", "quality_z", "quality_max_drop", "kif_init_blocks", "sapt_route_weight"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config.{name}", "must be >= 0")
         if not -1 <= self.quality_min_gain <= 1:

@@ -1,14 +1,18 @@
 """The quality gate: a new skill is registered only if it learned its task and left earlier skills intact.
 
-1. The new block, forced (as `model=<skill>` serves it), must beat both the base model and the trivial
-   answer (the most frequent training answer) on its held-out split by `quality_min_gain`. A broken
-   upload (shuffled labels) learns the label frequencies at best, so it scores like the trivial answer.
+1. The new block, forced (as `model=<skill>` serves it), must beat the better of the base model and the
+   trivial answer (the most frequent training answer) on its held-out split by `quality_min_gain`, and by
+   more than noise: the one-sided lower bound (mean − quality_z · standard error) of the per-example gain
+   must be above 0. A broken upload (shuffled labels) scores like the trivial answer give or take noise:
+   on 30 held-out SST-2 rows with shuffled labels the block scored 0.60 against 0.47 for the trivial
+   answer, a gain of about one standard error, which the point bar alone let through.
 2. Every earlier skill's stored probe prompts are answered through the routed path (router decision →
    per-row LoRA mix), once with the pool as it is and once with the new skill added; a drop of more
    than `quality_max_drop` fails the job. Only rows whose route changed are generated twice.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +23,7 @@ from adapters_store.store import SkillRecord
 from router import Router
 
 from .config import TrainConfig
-from .evaluation import generate_greedy, mean_score, metric_for
+from .evaluation import generate_greedy, mean_score, metric_for, score
 
 Example = dict[str, Any]
 
@@ -50,10 +54,23 @@ def held_out_scores(model: Any, tok: Any, bank: LoRABank, name: str, train: list
     refs, prompts = [e["answer"] for e in held], [e["messages"] for e in held]
     budget = answer_budget(tok, [e["answer"] for e in train])
     forced: list[Mix] = [[(name, 1.0)]] * len(held)
-    score = mean_score(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=forced), refs)
-    base = mean_score(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=[[]] * len(held)), refs)
-    trivial = mean_score(metric, [trivial_answer([e["answer"] for e in train])] * len(held), refs)
-    return {"metric": metric, "score": score, "base_score": base, "trivial_score": trivial, "n": len(held)}
+    block = per_example(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=forced), refs)
+    base = per_example(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=[[]] * len(held)), refs)
+    trivial = per_example(metric, [trivial_answer([e["answer"] for e in train])] * len(held), refs)
+    reference = max(base, trivial, key=sum)
+    gains = [b - r for b, r in zip(block, reference)]
+    mean_gain = sum(gains) / len(gains)
+    sd = math.sqrt(sum((g - mean_gain) ** 2 for g in gains) / (len(gains) - 1)) if len(gains) > 1 else math.inf
+    return {"metric": metric, "score": _mean(block), "base_score": _mean(base), "trivial_score": _mean(trivial), "n": len(held),
+            "gain": mean_gain, "gain_se": sd / math.sqrt(len(gains))}
+
+
+def per_example(metric: str, predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    return [score(metric, p, r) for p, r in zip(predictions, references)]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs)
 
 
 @dataclass
@@ -104,11 +121,18 @@ def verdict(new: dict[str, Any], earlier: dict[str, dict[str, Any]], cfg: TrainC
     reasons: list[str] = []
     if new.get("score") is not None:
         bar = max(new["base_score"], new["trivial_score"]) + cfg.quality_min_gain
-        new = {**new, "bar": bar}
+        lower = new["gain"] - cfg.quality_z * new["gain_se"]
+        new = {**new, "bar": bar, "gain_lower_bound": lower}
         if new["score"] < bar:
             reasons.append(
                 f"new skill scores {new['score']:.3f} {new['metric']} on {new['n']} held-out examples, below the bar {bar:.3f} "
                 f"(base model {new['base_score']:.3f}, most frequent answer {new['trivial_score']:.3f}, + quality_min_gain {cfg.quality_min_gain})"
+            )
+        elif lower <= 0:
+            reasons.append(
+                f"new skill's gain of {new['gain']:.3f} {new['metric']} over the better of the base model and the most frequent "
+                f"answer is within noise on {new['n']} held-out examples (standard error {new['gain_se']:.3f}, quality_z {cfg.quality_z}): "
+                "not shown to have learned the task"
             )
     for skill, r in earlier.items():
         if r["drop"] > cfg.quality_max_drop:

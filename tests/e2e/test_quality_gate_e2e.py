@@ -15,12 +15,12 @@ from server.process import ServerProcess
 from tests.conftest import dataset_dir
 
 pytestmark = pytest.mark.slow
-CONFIG = {"epochs": 2, "eval_fraction": 0.3}  # 30 held-out rows: a bar that 3 lucky answers cannot clear
+CONFIG = {"epochs": 2, "eval_fraction": 0.3}  # 60 held-out rows: the noise on the gain is about 0.07
 
 
 def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dataset_dir("long_sequence", "sst-2")
-    good, broken = rows("long_sequence", "sst-2", "train", 100), rows("long_sequence", "sst-2", "train", 200)[100:]
+    good, broken = rows("long_sequence", "sst-2", "train", 200), rows("long_sequence", "sst-2", "train", 400)[200:]
     labels = [r["output"] for r in broken]
     random.Random(0).shuffle(labels)
     broken = [{**r, "output": y} for r, y in zip(broken, labels)]
@@ -33,7 +33,7 @@ def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(tmp_path: Path, c
         r = upload(srv.url, "sst-2", "\n".join(json.dumps(x) for x in good).encode(), CONFIG)
         ok = wait_job(srv.url, r.json()["id"], verbose=False)
         assert ok["status"] == "succeeded", ok
-        assert ok["eval"]["score"] >= ok["eval"]["bar"] and ok["eval"]["n"] == 30
+        assert ok["eval"]["score"] >= ok["eval"]["bar"] and ok["eval"]["gain_lower_bound"] > 0 and ok["eval"]["n"] == 50
         before = ask(client, "auto", probe)
 
         # the broken one through `skillpool upload`, which follows the job and exits 1 when it fails
@@ -47,7 +47,8 @@ def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(tmp_path: Path, c
         assert job["status"] == "failed" and job["error"].startswith("quality gate:"), job
         report = job["eval"]
         assert not report["passed"] and report["reasons"]
-        assert report["new"]["score"] < report["new"]["bar"], report  # it learned no better than the most frequent label
+        new = report["new"]  # it learned no better than the most frequent label, give or take noise
+        assert new["score"] < new["bar"] or new["gain_lower_bound"] <= 0, report
         assert report["earlier"]["sst-2"]["n"] == 20
 
         models = [m["id"] for m in httpx.get(srv.url + "/v1/models", timeout=30).json()["data"]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from trainer.config import TrainConfig
 from trainer.quality import trivial_answer, verdict
 
-NEW = {"metric": "exact_match", "score": 0.8, "base_score": 0.1, "trivial_score": 0.5, "n": 20}
+NEW = {"metric": "exact_match", "score": 0.8, "base_score": 0.1, "trivial_score": 0.5, "n": 20, "gain": 0.3, "gain_se": 0.1}
 
 
 def earlier(before: float, after: float) -> dict:
@@ -18,9 +18,24 @@ def test_a_good_skill_passes() -> None:
 
 
 def test_a_skill_no_better_than_its_most_frequent_answer_fails() -> None:
-    report = verdict({**NEW, "score": 0.52}, {}, TrainConfig(), force=False)
+    report = verdict({**NEW, "score": 0.52, "gain": 0.02}, {}, TrainConfig(), force=False)
     assert not report["passed"] and "below the bar 0.550" in report["reasons"][0]
     assert "most frequent answer 0.500" in report["reasons"][0]
+
+
+def test_a_gain_within_noise_fails() -> None:
+    # the shuffled-labels SST-2 upload of the e2e run: 0.60 against 0.47, one standard error apart
+    noisy = {**NEW, "score": 0.6, "trivial_score": 0.467, "gain": 0.133, "gain_se": 0.12}
+    report = verdict(noisy, {}, TrainConfig(), force=False)
+    assert not report["passed"] and "within noise on 20 held-out examples" in report["reasons"][0]
+    assert report["new"]["gain_lower_bound"] < 0
+    assert verdict(noisy, {}, TrainConfig(quality_z=0.0), force=False)["passed"]  # z = 0: the point bar alone
+
+
+def test_held_out_scores_measure_the_gain_per_example() -> None:
+    from trainer.quality import per_example
+
+    assert per_example("exact_match", ["Good", "bad", "x"], ["Good", "Good", "x"]) == [1.0, 0.0, 1.0]
 
 
 def test_an_earlier_skill_that_drops_too_far_fails_and_force_is_recorded() -> None:
