@@ -1,7 +1,9 @@
 """Router cost per request with 10 vs 1,000 registered skills (synthetic keys), measured in one run.
 
 Synthetic skills get random unit keys, an input covariance (dtkr's whitening is rebuilt over all of
-them) and, for sapt, a key for the query projector, so retrieval does real work at full size; the
+them), the format model of one of the request tasks (fitted on its real train inputs, so the format
+gate checks real grams for every candidate skill) and, for sapt, a key for the query projector, so
+retrieval does real work at full size; the
 embedder is the real MiniLM and sapt pools the real SmolLM2 token embeddings. The index build after
 the last add is timed separately (first route). Prints p50/p99 per request (one request per call, as a
 lone chat request is routed) and per batch of 32, and the 1,000 / 10 ratios.
@@ -13,7 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,12 +28,17 @@ from load_tests.common import rows, user_text  # noqa: E402
 from router import MODES, Router, RouterSettings, TokenPooler  # noqa: E402
 from router.dtkr import split_groups  # noqa: E402
 from router.embedder import SentenceEmbedder  # noqa: E402
+from router.formats import fit_format  # noqa: E402
 from router.sapt import SAPTState  # noqa: E402
+
+
+TASKS = ("agnews", "sst-2", "mnli", "boolqa")
 
 
 def synthetic_router(embedder: SentenceEmbedder, n_skills: int, mode: str, pooler: TokenPooler | None, seed: int = 0) -> Router:
     settings = RouterSettings(mode=mode)
     router = Router(embedder, settings, pooler)
+    formats = [fit_format([user_text(r) for r in rows("long_sequence", t, "train", 100)], settings.format).tensors() for t in TASKS]
     rng = np.random.default_rng(seed)
     sapt = SAPTState(pooler.dim, settings.sapt) if pooler else None
     for i in range(n_skills):
@@ -36,11 +46,15 @@ def synthetic_router(embedder: SentenceEmbedder, n_skills: int, mode: str, poole
         keys /= np.linalg.norm(keys, axis=1, keepdims=True)
         t = torch.from_numpy(keys)
         a = rng.normal(size=(embedder.dim, 16)).astype(np.float32) / 16
+        calib = rng.normal(size=(64, embedder.dim)).astype(np.float32)
         tensors = {
             "centroid_keys": t, "dtkr_keys": split_groups(t, settings.dtkr.groups),
             "threshold": torch.tensor([0.0]), "threshold_dtkr": torch.tensor([0.0]),
             "input_cov": torch.from_numpy(a @ a.T + 1e-3 * np.eye(embedder.dim, dtype=np.float32)).half(), "input_count": torch.tensor([300]),
-            "calibration_inputs": torch.from_numpy(keys[rng.integers(0, len(keys), 64)]).half(),
+            # random inputs, not the keys: thresholds low enough that requests pass the similarity gate and
+            # take the full path (format checks of the candidate skills, then the mix)
+            "calibration_inputs": torch.from_numpy(calib / np.linalg.norm(calib, axis=1, keepdims=True)).half(),
+            **formats[i % len(formats)],
         }
         if sapt is not None:
             tensors["sapt_key"] = torch.from_numpy(rng.normal(size=pooler.dim).astype(np.float32))  # type: ignore[union-attr]
@@ -65,7 +79,7 @@ def main() -> int:
     ap.add_argument("--mode", choices=MODES, default=RouterSettings().mode)
     ap.add_argument("--requests", type=int, default=200)
     args = ap.parse_args()
-    texts = [user_text(r) for t in ("agnews", "sst-2", "mnli", "boolqa") for r in rows("long_sequence", t, "test", args.requests // 4 + 32)]
+    texts = [user_text(r) for t in TASKS for r in rows("long_sequence", t, "test", args.requests // 4 + 32)]
     embedder = SentenceEmbedder()
     embedder.embed(texts[:8])  # warm-up
     pooler = None
@@ -73,19 +87,27 @@ def main() -> int:
         from adapters_store.base_model import resolve_base_model
 
         pooler = TokenPooler.from_checkpoint(resolve_base_model().path, pool=RouterSettings().sapt.pool)
-    res = {}
+    res: dict[int, dict[str, Any]] = {}
     for n in (10, 1000):
         t0 = time.perf_counter()
         router = synthetic_router(embedder, n, args.mode, pooler)
         router.route(texts[:4])  # the first route builds the indexes (and the whitening) once
         build = time.perf_counter() - t0
+        reasons = Counter(d.reason for d in router.route(texts[: args.requests]))
+        print(f"{n} skills: decisions {dict(reasons)}")
         res[n] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": build}
+    # the same 1,000-skill router without the format gate: what the gate's checks of up to 32 candidate skills cost
+    router.settings = replace(router.settings, format=replace(router.settings.format, enabled=False))
+    off: dict[str, Any] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": 0.0}
     print(f"router mode {args.mode}, {args.requests} single requests, MiniLM on {torch.get_num_threads()} threads")
     print(f"{'skills':>7s} {'p50 ms/req':>11s} {'p99 ms/req':>11s} {'batch32 p50 ms/req':>19s} {'add+build s':>14s}")
     for n, r in res.items():
         print(f"{n:7d} {1000 * r['single'][0]:11.2f} {1000 * r['single'][1]:11.2f} {1000 * r['batch32'][0]:19.2f} {r['build_s']:14.2f}")
+    print(f"{'1000, format gate off':>7s} {1000 * off['single'][0]:.2f} / {1000 * off['single'][1]:.2f} / {1000 * off['batch32'][0]:.2f} ms")
     print(f"\n1000 / 10 skills, p50 single: {res[1000]['single'][0] / res[10]['single'][0]:.2f}x; "
           f"p99 single: {res[1000]['single'][1] / res[10]['single'][1]:.2f}x; batch32 p50: {res[1000]['batch32'][0] / res[10]['batch32'][0]:.2f}x")
+    print(f"format gate on / off at 1000 skills, p50 single: {res[1000]['single'][0] / off['single'][0]:.2f}x; "
+          f"batch32 p50: {res[1000]['batch32'][0] / off['batch32'][0]:.2f}x")
     return 0
 
 

@@ -52,8 +52,8 @@ def _top(d: Decision) -> str:
     return d.route[0][0] if d.route else "base"
 
 
-def _learn(router: Router, name: str, train: Features, replay: dict[str, torch.Tensor], held_fraction: float) -> None:
-    tensors = router.prepare_keys_from_embeddings(train.emb)
+def _learn(router: Router, name: str, texts: list[str], train: Features, replay: dict[str, torch.Tensor], held_fraction: float) -> None:
+    tensors = router.prepare_keys_from_embeddings(train.emb, texts)
     attention = None
     if router.settings.mode == "sapt":
         assert train.pooled is not None
@@ -73,7 +73,7 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
     final_decisions: dict[str, list[Decision]] = {}
     for i, task in enumerate(tasks):
         t0 = time.perf_counter()
-        _learn(router, task.name, f_train[task.name], replay, held_fraction=0.1)
+        _learn(router, task.name, task.train, f_train[task.name], replay, held_fraction=0.1)
         prep_s = time.perf_counter() - t0
         pooled = f_train[task.name].pooled
         if pooled is not None:  # what the trainer stores for later attentive reflection
@@ -82,17 +82,19 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
         for j, other in enumerate(tasks):
             ds = router.route_features(f_test[other.name])
             fb = float(np.mean([not d.route for d in ds]))
+            by_format = float(np.mean([d.reason == "format_mismatch" for d in ds]))  # the part of fb the format gate made
             if j <= i:
                 per_task[other.name] = {
                     "top1": float(np.mean([_top(d) == other.name for d in ds])),
                     "weight": float(np.mean([dict(d.route).get(other.name, 0.0) for d in ds])),
                     "fallback": fb,
+                    "fallback_format": by_format,
                     "n": len(ds),
                 }
                 if i == len(tasks) - 1:
                     final_decisions[other.name] = ds
             else:
-                per_task[other.name] = {"fallback_unseen": fb, "n": len(ds)}
+                per_task[other.name] = {"fallback_unseen": fb, "fallback_format": by_format, "n": len(ds)}
         seen = [v for v in per_task.values() if "top1" in v]
         unseen = [v["fallback_unseen"] for v in per_task.values() if "fallback_unseen" in v]
         steps.append({
@@ -201,6 +203,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--threshold-percentile", type=float, default=d.threshold_percentile)
     p.add_argument("--threshold-margin", type=float, default=d.threshold_margin)
+    p.add_argument("--format-gate", choices=("on", "off"), default="on" if d.format.enabled else "off",
+                   help="fall back when a request lacks the fixed prompt text (instruction, options, field names) of its skills")
+    p.add_argument("--format-min-df", type=float, default=d.format.min_df, help="share of a skill's inputs a gram must be in to be part of its format")
+    p.add_argument("--format-margin", type=float, default=d.format.margin, help="nats below the skill's held-out percentile")
+    p.add_argument("--format-percentile", type=float, default=d.format.percentile)
     p.add_argument("--replay-fraction", type=float, default=0.02, help="sapt: replay sample kept per task")
     p.add_argument("--sapt-steps", type=int, default=d.sapt.steps)
     p.add_argument("--sapt-lambda", type=float, default=d.sapt.arm_lambda, help="weight of attentive reflection")
@@ -218,6 +225,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         threshold_percentile=args.threshold_percentile, threshold_margin=args.threshold_margin,
         dtkr=replace(d.dtkr, groups=args.groups),
         sapt=SAPTSettings(steps=args.sapt_steps, arm_lambda=args.sapt_lambda, pool=args.sapt_pool),
+        format=replace(d.format, enabled=args.format_gate == "on", min_df=args.format_min_df, margin=args.format_margin,
+                       percentile=args.format_percentile),
     )
     tasks = [load_task(f, args.text, args.train_limit, args.test_limit) for f in args.tasks]
     pooler = None

@@ -21,6 +21,13 @@ its threshold (a low percentile of that sample's best score against its own keys
 recomputed whenever W is. That sample was also fitted by the keys, so it is only trusted for skills
 learned from enough inputs (`white_gate_min_inputs`); other skills are gated on their held-out raw-score
 threshold.
+
+Format gate (router.formats, every mode): input similarity cannot reject an unseen task whose inputs
+look like a seen sibling's (yelp vs amazon), but the prompt's fixed text (instruction, label options,
+field names) differs. The owners of a request's top slots are checked against their own format model
+first; slots of skills whose format the request lacks are dropped, and if none is left the request
+goes to the base model (reason `format_mismatch`). The similarity gate and the mix then use the
+remaining slots.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import torch
 
 from .dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
 from .embedder import Embedder
+from .formats import FormatModel, FormatSettings, fit_format, gram_ids
 from .keys import calibrate_threshold, centroid_keys, held_out_best
 from .sapt import SAPTSettings, SAPTState, TokenPooler
 
@@ -60,6 +68,7 @@ class RouterSettings:
     whiten_shrinkage: float | None = None
     dtkr: DTKRSettings = field(default_factory=DTKRSettings)
     sapt: SAPTSettings = field(default_factory=SAPTSettings)
+    format: FormatSettings = field(default_factory=FormatSettings)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -71,7 +80,7 @@ class RouterSettings:
 @dataclass(frozen=True)
 class Decision:
     route: list[tuple[str, float]]
-    reason: str  # matched | forced | base | below_threshold | no_skills
+    reason: str  # matched | forced | base | below_threshold | format_mismatch | no_skills
     score: float = 0.0  # best slot score of the request
 
     @property
@@ -84,10 +93,20 @@ class Decision:
 
 @dataclass(frozen=True)
 class Features:
-    """What a batch of requests is routed on: sentence embeddings, and pooled token embeddings for sapt."""
+    """What a batch of requests is routed on: sentence embeddings, pooled token embeddings for sapt, and
+    each request's word-gram hashes for the format gate (None: not format-gated)."""
 
     emb: np.ndarray
     pooled: torch.Tensor | None = None
+    grams: list[np.ndarray] | None = None
+
+    @classmethod
+    def concat(cls, parts: Sequence[Features]) -> Features:
+        """One batch from several (pooled and grams only when every part has them)."""
+        pooled = [p.pooled for p in parts if p.pooled is not None]
+        grams: list[np.ndarray] = [g for p in parts for g in (p.grams or [])]
+        return cls(np.concatenate([p.emb for p in parts]), torch.cat(pooled) if len(pooled) == len(parts) else None,
+                   grams if all(p.grams is not None for p in parts) else None)
 
 
 @dataclass
@@ -98,6 +117,7 @@ class _SkillKeys:
     cov: torch.Tensor | None = None  # (D, D) covariance of the skill's input embeddings
     count: int = 0  # how many inputs that covariance was measured on
     calib: np.ndarray | None = None  # (n, D) a sample of the skill's input embeddings (whitened gate)
+    fmt: FormatModel | None = None  # the skill's format model (None: stored without one, not format-gated)
 
 
 def whitening(cov: np.ndarray, shrinkage: float) -> np.ndarray:
@@ -146,9 +166,10 @@ class Router:
     # --- keys ---------------------------------------------------------------------------------
     def prepare_keys(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         """A skill's router tensors from its training inputs: keys and thresholds for every mode."""
-        return self.prepare_keys_from_embeddings(self.embedder.embed(texts))
+        return self.prepare_keys_from_embeddings(self.embedder.embed(texts), texts)
 
-    def prepare_keys_from_embeddings(self, emb: np.ndarray) -> dict[str, torch.Tensor]:
+    def prepare_keys_from_embeddings(self, emb: np.ndarray, texts: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """As prepare_keys, from the inputs' embeddings; without the texts the skill gets no format model."""
         s = self.settings
         fit_c: Callable[[np.ndarray], np.ndarray] = lambda x: centroid_keys(x, s.n_keys)  # noqa: E731
         fit_d: Callable[[np.ndarray], torch.Tensor] = lambda x: train_dtkr_keys(x, s.n_keys, s.dtkr)  # noqa: E731
@@ -158,7 +179,8 @@ class Router:
         thr_c = calibrate_threshold(best_c, s.threshold_percentile, s.threshold_margin)
         thr_d = calibrate_threshold(best_d, s.threshold_percentile, s.threshold_margin)
         cov = np.cov(emb.T) if len(emb) > 1 else np.zeros((emb.shape[1], emb.shape[1]))
-        return {
+        fmt = fit_format(texts, s.format).tensors() if texts is not None else {}
+        return fmt | {
             CENTROID: torch.from_numpy(cent),
             DTKR: dtkr,
             "input_cov": torch.from_numpy(cov.astype(np.float32)).half(),  # for the pooled whitening
@@ -195,8 +217,9 @@ class Router:
 
     def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
         """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
+        fmt = FormatModel.from_tensors(tensors)
         if self.settings.mode in ("centroid", "sapt"):
-            return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]))
+            return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt)
         g = self.settings.dtkr.groups
         if DTKR in tensors:
             sub, thr = tensors[DTKR].float(), float(tensors["threshold_dtkr"][0])
@@ -207,7 +230,7 @@ class Router:
         cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
         count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
         calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
-        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib)
+        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt)
 
     @property
     def _whitened(self) -> bool:
@@ -279,7 +302,8 @@ class Router:
     def features(self, texts: Sequence[str]) -> Features:
         """Everything routing needs from a batch of texts, computed in one batch."""
         pooled = self.pooler(texts) if self.settings.mode == "sapt" and self.pooler is not None else None
-        return Features(self.embedder.embed(texts), pooled)
+        grams = [gram_ids(t) for t in texts] if self.settings.format.enabled else None
+        return Features(self.embedder.embed(texts), pooled, grams)
 
     def route(self, texts: Sequence[str]) -> list[Decision]:
         """One decision per text; all texts are embedded in one batch."""
@@ -299,36 +323,55 @@ class Router:
         n = len(f.emb)
         if not owners:
             return [Decision(route=[], reason="no_skills") for _ in range(n)]
-        k = min(self.settings.top_k, len(owners))
-        sapt = self.settings.mode == "sapt"
+        s = self.settings
+        k = min(s.top_k, len(owners))
+        sapt = s.mode == "sapt"
         if sapt and f.pooled is None:
             raise ValueError("router mode sapt routes on pooled token embeddings: use features()/route()")
+        grams = f.grams if s.format.enabled else None
+        depth = min(len(owners), max(k, s.format.candidates)) if grams is not None else k  # slots whose owners are checked
         emb = np.ascontiguousarray(f.emb, dtype=np.float32)
         # raw key scores: the gate, and also the mix unless whitened scores or SAPT attention make it
-        scores, ids = index.search(self._query_vectors(emb), 1 if mix_index is not None or sapt else k)
-        m_scores, m_ids = mix_index.search(self._white_rows(emb, white), k) if mix_index is not None and white is not None else (scores, ids)
+        raw_depth = depth if grams is not None or (mix_index is None and not sapt) else 1
+        scores, ids = index.search(self._query_vectors(emb), raw_depth)
+        m_scores, m_ids = mix_index.search(self._white_rows(emb, white), depth) if mix_index is not None and white is not None else (scores, ids)
         state = self.sapt_state() if sapt else None
         attention = state.attention(f.pooled).numpy() if state is not None and f.pooled is not None else None
+
+        def gate(i: int, mj: int, rj: int) -> tuple[float, float]:  # (score, threshold) of request i's slots at these ranks
+            owner = owners[m_ids[i][mj]]
+            if owner in white_thr:  # gate in the whitened space, threshold re-derived with W
+                return float(m_scores[i][mj]), white_thr[owner]
+            return float(scores[i][rj]), skills[owners[ids[i][rj]]].threshold  # raw score, held-out threshold
+
         out = []
         for i in range(n):
-            owner = owners[m_ids[i][0]]
-            if owner in white_thr:  # gate in the whitened space, threshold re-derived with W
-                best, threshold = float(m_scores[i][0]), white_thr[owner]
-            else:  # gate on the raw key score and the held-out threshold of its skill
-                best, threshold = float(scores[i][0]), skills[owners[ids[i][0]]].threshold
+            best, threshold = gate(i, 0, 0)
+            keep = list(range(k))
+            fits = _FormatCheck(grams[i], skills) if grams is not None and best >= threshold else None
+            if fits is not None:  # resembles some skill: drop the slots of skills whose prompt text it lacks
+                keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and fits(owners[sid])]
+                raw = [j for j, sid in enumerate(ids[i]) if sid >= 0 and fits(owners[sid])]
+                if not keep or not raw:
+                    out.append(Decision(route=[], reason="format_mismatch", score=best))
+                    continue
+                best, threshold = gate(i, keep[0], raw[0])
             if best < threshold:
                 out.append(Decision(route=[], reason="below_threshold", score=best))
             elif state is not None and attention is not None:
-                out.append(self._sapt_decision(state.names, attention[i], best))
+                out.append(self._sapt_decision(state.names, attention[i], best, fits.rejected if fits is not None else set()))
             else:
-                out.append(Decision(route=self._mix(self._slot_weights(m_scores[i], m_ids[i], owners)), reason="matched", score=best))
+                top = keep[:k]
+                out.append(Decision(route=self._mix(self._slot_weights(m_scores[i][top], m_ids[i][top], owners)), reason="matched", score=best))
         return out
 
-    def _sapt_decision(self, names: list[str], attention: np.ndarray, best: float) -> Decision:
+    def _sapt_decision(self, names: list[str], attention: np.ndarray, best: float, rejected: set[str]) -> Decision:
         if not names:
             return Decision(route=[], reason="no_skills", score=best)
+        if rejected:  # skills the format gate turned down get no share of the attention
+            attention = np.where([nm in rejected for nm in names], 0.0, attention)
         top = np.argpartition(-attention, min(self.settings.top_k, len(names)) - 1)[: self.settings.top_k]  # O(n), not a sort
-        return Decision(route=self._mix({names[j]: float(attention[j]) for j in top}), reason="matched", score=best)
+        return Decision(route=self._mix({names[j]: float(attention[j]) for j in top if attention[j] > 0}), reason="matched", score=best)
 
     def _slot_weights(self, scores: np.ndarray, ids: np.ndarray, owners: list[str]) -> dict[str, float]:
         """JARe: temperature softmax over the retrieved slots' scores, summed per skill."""
@@ -345,3 +388,21 @@ class Router:
         kept = {s: w for s, w in top if w >= self.settings.min_weight} or dict(top[:1])
         total = sum(kept.values())
         return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
+
+
+class _FormatCheck:
+    """One request's format verdicts, per skill, computed on first ask (a request meets few skills)."""
+
+    def __init__(self, grams: np.ndarray, skills: Mapping[str, _SkillKeys]) -> None:
+        self.grams, self.skills = grams, skills
+        self.verdicts: dict[str, bool] = {}
+
+    def __call__(self, name: str) -> bool:
+        if name not in self.verdicts:
+            fmt = self.skills[name].fmt
+            self.verdicts[name] = fmt is None or bool(fmt.accepts([self.grams])[0])
+        return self.verdicts[name]
+
+    @property
+    def rejected(self) -> set[str]:
+        return {n for n, ok in self.verdicts.items() if not ok}

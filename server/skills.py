@@ -4,9 +4,6 @@ from __future__ import annotations
 import logging
 import threading
 
-import numpy as np
-import torch
-
 from adapters_store.base_model import BaseModel
 from adapters_store.store import SkillRecord, SkillStore
 from router import Features, Router
@@ -69,8 +66,7 @@ class SkillPool:
             feats.append(self._probe_feats[key])
         if not names:
             return {}
-        pooled = [f.pooled for f in feats if f.pooled is not None]
-        decisions = self.router.route_features(Features(np.concatenate([f.emb for f in feats]), torch.cat(pooled) if pooled else None))
+        decisions = self.router.route_features(Features.concat(feats))
         hits: dict[str, list[bool]] = {}
         for name, d in zip(names, decisions):
             hits.setdefault(name, []).append(bool(d.route) and d.route[0][0] == name)

@@ -25,6 +25,9 @@ def test_eval_routing_cli_writes_json_and_plots(mode: str, tmp_path: Path, capsy
     assert f["top1"] >= 0.8 and f["fallback_seen"] <= 0.2  # small slices; quality is measured by the CLI itself
     assert [s["tasks_seen"] for s in res["steps"]] == [1, 2, 3]
     assert res["steps"][0]["fallback_unseen"] is not None and res["steps"][-1]["fallback_unseen"] is None
+    first = res["steps"][0]["per_task"]  # agnews alone: the other two tasks lack its instruction text
+    assert all(0 <= v["fallback_format"] <= v.get("fallback", v.get("fallback_unseen")) for v in first.values())
+    assert first["sst-2"]["fallback_unseen"] >= 0.9
     assert sum(map(sum, res["confusion"]["counts"])) == 60
     for png in ("routing_confusion.png", "routing_curve.png"):
         assert (tmp_path / "plots" / png).read_bytes()[:4] == b"\x89PNG"

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from router import Router, RouterSettings, SAPTSettings, TokenPooler
+from router.formats import FormatModel
 from router.sapt import SAPTState
 from tests.conftest import read_task
 
@@ -78,15 +79,19 @@ def test_router_in_sapt_mode(embedder, pooler) -> None:  # type: ignore[no-untyp
         Router(embedder, RouterSettings(mode="sapt"))
     router = Router(embedder, RouterSettings(mode="sapt"), pooler)
     replay: dict[str, list[str]] = {}
+    formats: dict[str, FormatModel | None] = {}
     for t in TASKS:
         texts = [e["route_text"] for e in read_task("long_sequence", t, "train", 80)]
         tensors = router.prepare_keys(texts)
         sapt, attention = router.prepare_sapt(t, texts[8:], texts[:8], replay)
         router.add_skill(t, {**tensors, **sapt}, attention)
-        replay[t] = texts[:4]
+        replay[t], formats[t] = texts[:4], FormatModel.from_tensors(tensors)
     for t in TASKS:
-        decisions = router.route([e["route_text"] for e in read_task("long_sequence", t, "test", 30)])
+        texts = [e["route_text"] for e in read_task("long_sequence", t, "test", 30)]
+        decisions = router.route(texts)
         assert sum(bool(d.route) and d.route[0][0] == t for d in decisions) >= 21, t
         assert all(abs(sum(w for _, w in d.route) - 1) < 1e-5 for d in decisions if d.route)
+        for d, grams in zip(decisions, router.features(texts).grams or []):  # the format gate's rejects get no attention
+            assert all(formats[s] is not None and formats[s].accepts([grams])[0] for s, _ in d.route)
     unrelated = router.route(["Write a haiku about autumn leaves.", "What is 17 times 23?"])
     assert all(d.reason == "below_threshold" for d in unrelated)
