@@ -203,6 +203,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--threshold-percentile", type=float, default=d.threshold_percentile)
     p.add_argument("--threshold-margin", type=float, default=d.threshold_margin)
+    p.add_argument("--white-threshold-percentile", type=float, default=d.white_threshold_percentile, help="dtkr: whitened gate")
+    p.add_argument("--white-threshold-margin", type=float, default=d.white_threshold_margin, help="dtkr: whitened gate")
     p.add_argument("--format-gate", choices=("on", "off"), default="on" if d.format.enabled else "off",
                    help="fall back when a request lacks the fixed prompt text (instruction, options, field names) of its skills")
     p.add_argument("--format-min-df", type=float, default=d.format.min_df, help="share of a skill's inputs a gram must be in to be part of its format")
@@ -223,6 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = RouterSettings(
         mode=args.router, n_keys=args.keys, top_k=args.top_k, temperature=args.temperature,
         threshold_percentile=args.threshold_percentile, threshold_margin=args.threshold_margin,
+        white_threshold_percentile=args.white_threshold_percentile, white_threshold_margin=args.white_threshold_margin,
         dtkr=replace(d.dtkr, groups=args.groups),
         sapt=SAPTSettings(steps=args.sapt_steps, arm_lambda=args.sapt_lambda, pool=args.sapt_pool),
         format=replace(d.format, enabled=args.format_gate == "on", min_df=args.format_min_df, margin=args.format_margin,

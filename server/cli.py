@@ -22,6 +22,10 @@ def _router_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router-temperature", type=float, default=r.temperature)
     p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
     p.add_argument("--router-threshold-margin", type=float, default=r.threshold_margin)
+    p.add_argument("--router-white-threshold-percentile", type=float, default=r.white_threshold_percentile,
+                   help="dtkr: gate percentile of a skill's own inputs' whitened scores")
+    p.add_argument("--router-white-threshold-margin", type=float, default=r.white_threshold_margin,
+                   help="dtkr: ... minus this margin (larger: fewer of a skill's own requests fall back, more unseen ones pass)")
     p.add_argument("--router-format-gate", choices=("on", "off"), default="on" if r.format.enabled else "off",
                    help="send a request to the base model when it lacks the fixed prompt text of every skill it resembles")
     p.add_argument("--sapt-replay", choices=REPLAY_SOURCES, default=r.sapt.replay, help="sapt: replay the stored real samples or generated pseudo inputs")
@@ -37,6 +41,8 @@ def _router_settings(args: argparse.Namespace) -> RouterSettings:
         temperature=args.router_temperature,
         threshold_percentile=args.router_threshold_percentile,
         threshold_margin=args.router_threshold_margin,
+        white_threshold_percentile=args.router_white_threshold_percentile,
+        white_threshold_margin=args.router_white_threshold_margin,
         sapt=replace(r.sapt, replay=args.sapt_replay, arm_lambda=args.sapt_lambda),
         format=replace(r.format, enabled=args.router_format_gate == "on"),
     )
