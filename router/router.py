@@ -41,7 +41,7 @@ import torch
 
 from .dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
 from .embedder import Embedder
-from .formats import FormatModel, FormatSettings, fit_format, gram_ids
+from .formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
 from .keys import calibrate_threshold, centroid_keys, held_out_best
 from .sapt import SAPTSettings, SAPTState, TokenPooler
 
@@ -315,6 +315,7 @@ class Router:
         return self.route_features(self.features(texts))
 
     def route_embeddings(self, emb: np.ndarray, pooled: torch.Tensor | None = None) -> list[Decision]:
+        """Route precomputed embeddings; without the texts there is no format gate."""
         return self.route_features(Features(emb, pooled))
 
     def route_features(self, f: Features) -> list[Decision]:
@@ -351,10 +352,12 @@ class Router:
         for i in range(n):
             best, threshold = gate(i, 0, 0)
             keep = list(range(k))
-            fits = _FormatCheck(grams[i], skills) if grams is not None and best >= threshold else None
-            if fits is not None:  # resembles some skill: drop the slots of skills whose prompt text it lacks
-                keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and fits(owners[sid])]
-                raw = [j for j, sid in enumerate(ids[i]) if sid >= 0 and fits(owners[sid])]
+            rejected: set[str] = set()
+            if grams is not None and best >= threshold:  # resembles some skill: drop the slots of skills whose prompt text it lacks
+                cands = list(dict.fromkeys(owners[sid] for sid in (*m_ids[i], *ids[i]) if sid >= 0))
+                rejected = {c for c, ok in zip(cands, accepts_each(grams[i], [skills[c].fmt for c in cands])) if not ok}
+                keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and owners[sid] not in rejected]
+                raw = [j for j, sid in enumerate(ids[i]) if sid >= 0 and owners[sid] not in rejected]
                 if not keep or not raw:
                     out.append(Decision(route=[], reason="format_mismatch", score=best))
                     continue
@@ -362,7 +365,7 @@ class Router:
             if best < threshold:
                 out.append(Decision(route=[], reason="below_threshold", score=best))
             elif state is not None and attention is not None:
-                out.append(self._sapt_decision(state.names, attention[i], best, fits.rejected if fits is not None else set()))
+                out.append(self._sapt_decision(state.names, attention[i], best, rejected))
             else:
                 top = keep[:k]
                 out.append(Decision(route=self._mix(self._slot_weights(m_scores[i][top], m_ids[i][top], owners)), reason="matched", score=best))
@@ -392,20 +395,3 @@ class Router:
         total = sum(kept.values())
         return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
 
-
-class _FormatCheck:
-    """One request's format verdicts, per skill, computed on first ask (a request meets few skills)."""
-
-    def __init__(self, grams: np.ndarray, skills: Mapping[str, _SkillKeys]) -> None:
-        self.grams, self.skills = grams, skills
-        self.verdicts: dict[str, bool] = {}
-
-    def __call__(self, name: str) -> bool:
-        if name not in self.verdicts:
-            fmt = self.skills[name].fmt
-            self.verdicts[name] = fmt is None or bool(fmt.accepts([self.grams])[0])
-        return self.verdicts[name]
-
-    @property
-    def rejected(self) -> set[str]:
-        return {n for n, ok in self.verdicts.items() if not ok}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from router import Router, RouterSettings
-from router.formats import FormatModel, FormatSettings, fit_format, gram_ids
+from router.formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
 from tests.conftest import read_task
 
 WORDS = ["apple", "river", "stone", "cloud", "paper", "glass", "music", "window", "forest", "engine", "candle", "silver", "orange", "mountain"]
@@ -46,6 +46,19 @@ def test_gate_accepts_its_own_format_and_rejects_a_sibling_without_its_field_nam
     sibling = _texts("Rate the review. Option: good, bad.\nText: {}\n\nAnswer:", 200, 3)  # no "Title:"
     assert m.accepts([gram_ids(t) for t in own]).mean() >= 0.98
     assert m.accepts([gram_ids(t) for t in sibling]).mean() == 0.0
+
+
+def test_accepts_each_equals_each_model_alone() -> None:
+    """The router checks a request against all its candidate skills in one vectorized pass."""
+    templates = ["Title: {}\nText: as said.", "Text: {}\nAnswer:", "Option: good, bad.\n{}", "sentence 1: {}\nsentence 2: the same."]
+    models: list[FormatModel | None] = [fit_format(_texts(t, 120, i), FormatSettings()) for i, t in enumerate(templates)]
+    models += [None, FormatModel(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), -2.0)]  # no model; no grams
+    requests = [gram_ids(t) for i, tpl in enumerate(templates) for t in _texts(tpl, 10, 10 + i)] + [gram_ids("")]
+    verdicts = np.array([accepts_each(r, models) for r in requests])
+    alone = np.array([[m is None or bool(m.accepts([r])[0]) for m in models] for r in requests])
+    assert np.array_equal(verdicts, alone)
+    assert verdicts[:, -2:].all() and not verdicts[-1, :4].any()  # ungated models pass all; an empty request fails the rest
+    assert 0 < verdicts[:-1, :4].mean() < 1  # both verdicts occur
 
 
 def test_skill_without_fixed_text_gates_nothing() -> None:
