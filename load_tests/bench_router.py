@@ -3,12 +3,13 @@
 Synthetic skills get random unit keys, an input covariance (dtkr's whitening is rebuilt over all of
 them), the format model of one of the request tasks (fitted on its real train inputs, so the format
 gate checks real grams for every candidate skill) and, for sapt, a key for the query projector, so
-retrieval does real work at full size; the
-embedder is the real MiniLM and sapt pools the real SmolLM2 token embeddings. The index build after
-the last add is timed separately (first route). Prints p50/p99 per request (one request per call, as a
-lone chat request is routed) and per batch of 32, and the 1,000 / 10 ratios.
+retrieval does real work at full size; the embedder is the real MiniLM and sapt pools the real SmolLM2
+token embeddings. The index build after the last add is timed separately (first route). Prints p50/p99
+per request (one request per call, as a lone chat request is routed) and per batch of 32, the same for
+routing alone on precomputed features (MiniLM is most of a request's cost on a CPU and hides how the
+rest grows with the pool), and the 1,000 / 10 ratios.
 
-    .venv/bin/python load_tests/bench_router.py [--mode dtkr|sapt|centroid] [--requests 200]
+    .venv/bin/python load_tests/bench_router.py [--mode dtkr|sapt|centroid] [--requests 200] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -70,7 +71,22 @@ def timings(router: Router, texts: list[str], batch: int) -> tuple[float, float]
         t0 = time.perf_counter()
         router.route(texts[i : i + batch])
         out.append((time.perf_counter() - t0) / batch)
-    out.sort()
+    return _p50_p99(out)
+
+
+def route_only(router: Router, texts: list[str]) -> tuple[float, float]:
+    """Retrieval, gates and mix on precomputed features (MiniLM excluded): the part that grows with the pool."""
+    feats = [router.features([t]) for t in texts]
+    out = []
+    for f in feats:
+        t0 = time.perf_counter()
+        router.route_features(f)
+        out.append(time.perf_counter() - t0)
+    return _p50_p99(out)
+
+
+def _p50_p99(out: list[float]) -> tuple[float, float]:
+    out = sorted(out)
     return out[len(out) // 2], out[min(len(out) - 1, int(0.99 * len(out)))]
 
 
@@ -78,9 +94,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=MODES, default=RouterSettings().mode)
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--device", default=None, help="where MiniLM runs: cpu or cuda (default: cuda when available)")
     args = ap.parse_args()
     texts = [user_text(r) for t in TASKS for r in rows("long_sequence", t, "test", args.requests // 4 + 32)]
-    embedder = SentenceEmbedder()
+    embedder = SentenceEmbedder(device=args.device)
     embedder.embed(texts[:8])  # warm-up
     pooler = None
     if args.mode == "sapt":
@@ -95,19 +112,25 @@ def main() -> int:
         build = time.perf_counter() - t0
         reasons = Counter(d.reason for d in router.route(texts[: args.requests]))
         print(f"{n} skills: decisions {dict(reasons)}")
-        res[n] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": build}
+        res[n] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": build,
+                  "route_only": route_only(router, texts[: args.requests])}
     # the same 1,000-skill router without the format gate: what the gate's checks of up to 32 candidate skills cost
     router.settings = replace(router.settings, format=replace(router.settings.format, enabled=False))
-    off: dict[str, Any] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": 0.0}
-    print(f"router mode {args.mode}, {args.requests} single requests, MiniLM on {torch.get_num_threads()} threads")
-    print(f"{'skills':>7s} {'p50 ms/req':>11s} {'p99 ms/req':>11s} {'batch32 p50 ms/req':>19s} {'add+build s':>14s}")
+    off: dict[str, Any] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": 0.0,
+                           "route_only": route_only(router, texts[: args.requests])}
+    where = f"{torch.get_num_threads()} CPU threads" if embedder.device == "cpu" else embedder.device
+    print(f"router mode {args.mode}, {args.requests} single requests, MiniLM on {where}")
+    print(f"{'skills':>7s} {'p50 ms/req':>11s} {'p99 ms/req':>11s} {'batch32 p50 ms/req':>19s} {'add+build s':>14s} {'route-only p50 / p99 ms':>24s}")
     for n, r in res.items():
-        print(f"{n:7d} {1000 * r['single'][0]:11.2f} {1000 * r['single'][1]:11.2f} {1000 * r['batch32'][0]:19.2f} {r['build_s']:14.2f}")
-    print(f"{'1000, format gate off':>7s} {1000 * off['single'][0]:.2f} / {1000 * off['single'][1]:.2f} / {1000 * off['batch32'][0]:.2f} ms")
+        print(f"{n:7d} {1000 * r['single'][0]:11.2f} {1000 * r['single'][1]:11.2f} {1000 * r['batch32'][0]:19.2f} {r['build_s']:14.2f} "
+              f"{1000 * r['route_only'][0]:14.2f} / {1000 * r['route_only'][1]:.2f}")
+    print(f"1000, format gate off: {1000 * off['single'][0]:.2f} / {1000 * off['single'][1]:.2f} / {1000 * off['batch32'][0]:.2f} ms, "
+          f"route-only {1000 * off['route_only'][0]:.2f} / {1000 * off['route_only'][1]:.2f} ms")
     print(f"\n1000 / 10 skills, p50 single: {res[1000]['single'][0] / res[10]['single'][0]:.2f}x; "
           f"p99 single: {res[1000]['single'][1] / res[10]['single'][1]:.2f}x; batch32 p50: {res[1000]['batch32'][0] / res[10]['batch32'][0]:.2f}x")
+    print(f"route-only (no MiniLM) 1000 / 10 skills, p50: {res[1000]['route_only'][0] / res[10]['route_only'][0]:.2f}x")
     print(f"format gate on / off at 1000 skills, p50 single: {res[1000]['single'][0] / off['single'][0]:.2f}x; "
-          f"batch32 p50: {res[1000]['batch32'][0] / off['batch32'][0]:.2f}x")
+          f"batch32 p50: {res[1000]['batch32'][0] / off['batch32'][0]:.2f}x; route-only p50: {res[1000]['route_only'][0] / off['route_only'][0]:.2f}x")
     return 0
 
 

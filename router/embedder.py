@@ -30,12 +30,15 @@ def packaged_minilm_path() -> Path:
 class SentenceEmbedder:
     """Mean-pooled, L2-normalized MiniLM embeddings, loaded from the installed package only."""
 
-    def __init__(self, model_path: str | Path | None = None, device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(self, model_path: str | Path | None = None, device: str | None = None, batch_size: int = 64) -> None:
+        """device None: cuda when available (MiniLM is most of a request's routing cost on a CPU)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
         from sentence_transformers import SentenceTransformer
 
         path = Path(model_path or packaged_minilm_path())
-        self.model = SentenceTransformer(str(path), device=device)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = SentenceTransformer(str(path), device=self.device)
         self.dim = int(self.model.get_embedding_dimension() or 384)
         self.model_id = path.parent.name if path.name == "model" else path.name  # names cached embeddings
         self.batch_size = batch_size

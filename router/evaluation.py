@@ -216,6 +216,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sapt-pool", choices=POOLS, default=d.sapt.pool)
     p.add_argument("--model", type=Path, default=None, help="sapt: local base checkpoint (default: the packaged SmolLM2)")
     p.add_argument("--cache", type=Path, default=None, help="keep sentence embeddings here between runs (keyed by model and texts)")
+    p.add_argument("--device", default=None, help="where MiniLM runs: cpu or cuda (default: cuda when available)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         pooler = TokenPooler.from_checkpoint(args.model or resolve_base_model().path, settings.sapt.max_tokens, settings.sapt.pool)
     t0 = time.perf_counter()
-    embedder: Embedder = SentenceEmbedder()
+    embedder: Embedder = SentenceEmbedder(device=args.device)
     if args.cache:
         embedder = CachedEmbedder(embedder, args.cache)
     result = evaluate(tasks, Router(embedder, settings, pooler), args.replay_fraction)

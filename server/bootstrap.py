@@ -35,10 +35,10 @@ def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
     return run
 
 
-def make_router(settings: RouterSettings, base: BaseModel, embedder: Embedder | None = None) -> Router:
-    """The router for these settings; sapt also reads the base model's token-embedding table."""
+def make_router(settings: RouterSettings, base: BaseModel, embedder: Embedder | None = None, device: str | None = None) -> Router:
+    """The router for these settings (MiniLM on `device`); sapt also reads the base model's token-embedding table."""
     pooler = TokenPooler.from_checkpoint(base.path, settings.sapt.max_tokens, settings.sapt.pool) if settings.mode == "sapt" else None
-    return Router(embedder or SentenceEmbedder(), settings, pooler)
+    return Router(embedder or SentenceEmbedder(device=device), settings, pooler)
 
 
 def build_components(
@@ -53,7 +53,7 @@ def build_components(
     metrics = Metrics()
     store = SkillStore(cfg.data_dir)
     engine = engine or HFEngine(base.path, device=cfg.device)
-    router = make_router(cfg.router, base, embedder)
+    router = make_router(cfg.router, base, embedder, cfg.device)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
     trainer = trainer or SkillTrainer(store, router, base, device=cfg.device)

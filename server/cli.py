@@ -96,7 +96,7 @@ def _worker(args: argparse.Namespace) -> int:
     base = resolve_base_model(args.model)
     store = SkillStore(args.data_dir)
     # the worker's router only prepares keys; it re-reads the shared store before each sapt job
-    trainer = SkillTrainer(store, make_router(_router_settings(args), base), base, device=args.device, sync_router=True)
+    trainer = SkillTrainer(store, make_router(_router_settings(args), base, device=args.device), base, device=args.device, sync_router=True)
     queue = RedisJobQueue(args.redis_url, make_runner(trainer, Metrics()), prefix=args.redis_prefix)
     print(f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}", file=sys.stderr, flush=True)
     done = threading.Event()
