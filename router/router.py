@@ -308,17 +308,20 @@ class Router:
         grams = [gram_ids(t) for t in texts] if self.settings.format.enabled else None
         return Features(self.embedder.embed(texts), pooled, grams)
 
-    def route(self, texts: Sequence[str]) -> list[Decision]:
-        """One decision per text; all texts are embedded in one batch."""
+    def route(self, texts: Sequence[str], open_set: bool = True) -> list[Decision]:
+        """One decision per text; all texts are embedded in one batch. open_set=False: see route_features."""
         if not texts:
             return []
-        return self.route_features(self.features(texts))
+        return self.route_features(self.features(texts), open_set)
 
     def route_embeddings(self, emb: np.ndarray, pooled: torch.Tensor | None = None) -> list[Decision]:
         """Route precomputed embeddings; without the texts there is no format gate."""
         return self.route_features(Features(emb, pooled))
 
-    def route_features(self, f: Features) -> list[Decision]:
+    def route_features(self, f: Features, open_set: bool = True) -> list[Decision]:
+        """open_set=False: the mix of the nearest skills with neither gate, never the base model. That asks
+        which skills a text is most like (what kif starts a new task's block from: a new task's inputs are
+        unseen by definition, and the gates send them to the base model), not which skill should serve it."""
         with self._lock:
             if self._dirty:
                 self._rebuild()
@@ -332,7 +335,7 @@ class Router:
         sapt = s.mode == "sapt"
         if sapt and f.pooled is None:
             raise ValueError("router mode sapt routes on pooled token embeddings: use features()/route()")
-        grams = f.grams if s.format.enabled else None
+        grams = f.grams if s.format.enabled and open_set else None
         depth = min(len(owners), max(k, s.format.candidates)) if grams is not None else k  # slots whose owners are checked
         emb = np.ascontiguousarray(f.emb, dtype=np.float32)
         # raw key scores: the gate, and also the mix unless whitened scores or SAPT attention make it
@@ -362,7 +365,7 @@ class Router:
                     out.append(Decision(route=[], reason="format_mismatch", score=best))
                     continue
                 best, threshold = gate(i, keep[0], raw[0])
-            if best < threshold:
+            if open_set and best < threshold:
                 out.append(Decision(route=[], reason="below_threshold", score=best))
             elif state is not None and attention is not None:
                 out.append(self._sapt_decision(state.names, attention[i], best, rejected))

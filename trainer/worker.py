@@ -170,11 +170,12 @@ class SkillTrainer:
         return {"init_from": seeds, "memory_examples": len(memory), "memory_skills": len(earlier)}
 
     def _similar_skills(self, name: str, texts: list[str], k: int, sample: int = 64) -> dict[str, float]:
-        """The k registered skills the router sends most of these inputs to, by mean mix weight (normalized)."""
+        """The k registered skills nearest to these inputs, by mean mix weight (normalized). Ungated: the new
+        task's inputs are unseen, so the open-set and format gates would send most of them to the base model."""
         if k <= 0 or not texts:
             return {}
         share: dict[str, float] = {}
-        for d in self.router.route(texts[:sample]):
+        for d in self.router.route(texts[:sample], open_set=False):
             for skill, w in d.route:
                 if skill != name:
                     share[skill] = share.get(skill, 0.0) + w

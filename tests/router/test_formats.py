@@ -125,6 +125,8 @@ def test_own_inputs_pass_and_a_learned_sibling_takes_its_own(amazon_router) -> N
 def test_unrelated_requests_report_below_threshold_not_format(amazon_router) -> None:  # type: ignore[no-untyped-def]
     ds = amazon_router.route(["Write a haiku about autumn leaves.", "What is 17 times 23?"])
     assert [d.reason for d in ds] == ["below_threshold", "below_threshold"]
+    nearest = amazon_router.route(["Write a haiku about autumn leaves.", *_route_texts("yelp", "test", 3)], open_set=False)
+    assert all(d.reason == "matched" and d.route == [("amazon", 1.0)] for d in nearest)  # no gate: the nearest skill
 
 
 def test_skill_stored_without_a_format_model_is_not_format_gated(amazon_router, embedder) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,32 @@
+"""A kif job starts its block from the nearest earlier blocks even when the new task's prompts have
+another format (the usual case: the open-set and format gates would send its inputs to the base model)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from adapters_store.store import SkillStore
+from router import Router, RouterSettings
+from tests.conftest import dataset_dir
+from trainer.config import TrainConfig
+from trainer.datasets import parse_jsonl
+from trainer.worker import SkillTrainer
+
+
+def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]
+    lines = (dataset_dir("long_sequence", task) / "train.jsonl").read_bytes().split(b"\n")[:n]
+    return parse_jsonl(b"\n".join(lines))
+
+
+def test_kif_starts_from_the_nearest_block_that_the_gates_would_not_route_to(tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder, RouterSettings()), tiny_base)
+    cfg = TrainConfig(epochs=1.0, max_eval_examples=4, max_seq_len=128)
+    first = trainer.run("agnews", examples("agnews", 40), cfg, "isolated", force=True)
+    trainer.router.add_skill(first.name, first.router_tensors())  # as a server registers it
+    dbpedia = examples("dbpedia", 40)  # agnews' instruction words, but other label options: another format
+    gated = trainer.router.route([e["route_text"] for e in dbpedia])
+    assert all(not d.route for d in gated) and {d.reason for d in gated} <= {"format_mismatch", "below_threshold"}
+    ungated = trainer.router.route([e["route_text"] for e in dbpedia], open_set=False)
+    assert all(d.reason == "matched" and d.route == [("agnews", 1.0)] for d in ungated)
+    rec = trainer.run("dbpedia", dbpedia, cfg, "kif", force=True)
+    assert rec.meta["training"]["kif"]["init_from"] == {"agnews": 1.0}
+    assert rec.meta["training"]["kif"]["memory_skills"] == 1
