@@ -397,4 +397,3 @@ class Router:
         kept = {s: w for s, w in top if w >= self.settings.min_weight} or dict(top[:1])
         total = sum(kept.values())
         return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
-
