@@ -272,6 +272,13 @@ class Router:
     def skills(self) -> list[str]:
         return list(self._skills)
 
+    def whitening_matrix(self) -> np.ndarray | None:
+        """The W that dtkr maps queries and keys through now (None: not whitened, or no skills)."""
+        with self._lock:
+            if self._dirty:
+                self._rebuild()
+            return self._white
+
     def _rebuild(self) -> None:
         """New indexes from all skills (under the lock); a concurrent route keeps the old ones."""
         index = faiss.IndexFlatIP(self.embedder.dim)
