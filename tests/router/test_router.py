@@ -95,6 +95,18 @@ def test_whitening_maps_the_covariance_to_identity() -> None:
     assert np.allclose(w, w.T, atol=1e-6)
 
 
+def test_router_whitening_matrix_is_the_pooled_skill_covariance_whitened(embedder) -> None:  # type: ignore[no-untyped-def]
+    router = Router(embedder, RouterSettings(mode="dtkr", whiten_shrinkage=0.5))  # well conditioned with 120 inputs
+    assert router.whitening_matrix() is None  # no skills yet
+    tensors = {t: router.prepare_keys([e["route_text"] for e in read_task("long_sequence", t, "train", 60)]) for t in ("agnews", "sst-2")}
+    for t, x in tensors.items():
+        router.add_skill(t, x)
+    w = router.whitening_matrix()
+    pooled = sum(x["input_cov"].double().numpy() for x in tensors.values()) / 2
+    assert w is not None and np.allclose(w, whitening(pooled, shrinkage=0.5), rtol=1e-3, atol=1e-3)
+    assert Router(embedder, RouterSettings(mode="centroid")).whitening_matrix() is None
+
+
 def test_whitening_separates_look_alike_tasks(embedder) -> None:  # type: ignore[no-untyped-def]
     """Four sentiment tasks with (nearly) the same instruction: the pooled within-skill whitening
     separates them better than raw cosines."""
