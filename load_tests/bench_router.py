@@ -26,11 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from load_tests.common import rows, user_text  # noqa: E402
-from router import MODES, Router, RouterSettings, TokenPooler  # noqa: E402
-from router.dtkr import split_groups  # noqa: E402
-from router.embedder import SentenceEmbedder  # noqa: E402
-from router.formats import fit_format  # noqa: E402
-from router.sapt import SAPTState  # noqa: E402
+from skillpool.router import MODES, Router, RouterSettings, TokenPooler  # noqa: E402
+from skillpool.router.dtkr import split_groups  # noqa: E402
+from skillpool.router.embedder import SentenceEmbedder  # noqa: E402
+from skillpool.router.formats import fit_format  # noqa: E402
+from skillpool.router.sapt import SAPTState  # noqa: E402
 
 
 TASKS = ("agnews", "sst-2", "mnli", "boolqa")
@@ -101,7 +101,7 @@ def main() -> int:
     embedder.embed(texts[:8])  # warm-up
     pooler = None
     if args.mode == "sapt":
-        from adapters_store.base_model import resolve_base_model
+        from skillpool.adapters_store.base_model import resolve_base_model
 
         pooler = TokenPooler.from_checkpoint(resolve_base_model().path, pool=RouterSettings().sapt.pool)
     res: dict[int, dict[str, Any]] = {}

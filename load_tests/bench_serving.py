@@ -33,11 +33,11 @@ def make_skills(data_dir: Path, rank: int) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from adapters_store.base_model import resolve_base_model
-    from adapters_store.store import SkillDraft, SkillStore
-    from router import Router
-    from router.embedder import SentenceEmbedder
-    from trainer.lora_train import save_adapter
+    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.store import SkillDraft, SkillStore
+    from skillpool.router import Router
+    from skillpool.router.embedder import SentenceEmbedder
+    from skillpool.trainer.lora_train import save_adapter
 
     base = resolve_base_model()
     store, router = SkillStore(data_dir), Router(SentenceEmbedder())
@@ -86,7 +86,7 @@ def run(client, model: str, prompts: list[str], concurrency: int, max_tokens: in
 def main() -> int:
     from openai import OpenAI
 
-    from server.process import ServerProcess
+    from skillpool.server.process import ServerProcess
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=32)

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from router.evaluation import task_text
+from skillpool.router.evaluation import task_text
 
 DATASETS = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
 

@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [load_task(f, args.text, args.train_limit, args.test_limit) for f in args.tasks]
     pooler = None
     if args.router == "sapt":
-        from adapters_store.base_model import resolve_base_model
+        from skillpool.adapters_store.base_model import resolve_base_model
 
         pooler = TokenPooler.from_checkpoint(args.model or resolve_base_model().path, settings.sapt.max_tokens, settings.sapt.pool)
     t0 = time.perf_counter()

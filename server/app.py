@@ -14,13 +14,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import UploadFile
 
-from adapters_store.base_model import BaseModel
-from adapters_store.names import InvalidSkillName, validate_skill_name
-from adapters_store.store import SkillStore
-from router import Decision, Router
-from trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
-from trainer.datasets import DatasetError, parse_jsonl, route_text
-from trainer.jobs import Job, JobQueue, new_job_id
+from skillpool.adapters_store.base_model import BaseModel
+from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
+from skillpool.adapters_store.store import SkillStore
+from skillpool.router import Decision, Router
+from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
+from skillpool.trainer.datasets import DatasetError, parse_jsonl, route_text
+from skillpool.trainer.jobs import Job, JobQueue, new_job_id
 
 from .config import ServerConfig
 from .engine_hf import GenEvent, HFEngine

@@ -4,13 +4,13 @@ from __future__ import annotations
 import logging
 import time
 
-from adapters_store.base_model import BaseModel, resolve_base_model
-from adapters_store.store import SkillRecord, SkillStore
-from router import Router, RouterSettings, TokenPooler
-from router.embedder import Embedder, SentenceEmbedder
-from trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
-from trainer.redis_jobs import RedisJobQueue
-from trainer.worker import SkillTrainer
+from skillpool.adapters_store.base_model import BaseModel, resolve_base_model
+from skillpool.adapters_store.store import SkillRecord, SkillStore
+from skillpool.router import Router, RouterSettings, TokenPooler
+from skillpool.router.embedder import Embedder, SentenceEmbedder
+from skillpool.trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
+from skillpool.trainer.redis_jobs import RedisJobQueue
+from skillpool.trainer.worker import SkillTrainer
 
 from .app import Components
 from .config import ServerConfig

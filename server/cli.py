@@ -8,8 +8,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from router import MODES, RouterSettings
-from router.sapt import REPLAY_SOURCES
+from skillpool.router import MODES, RouterSettings
+from skillpool.router.sapt import REPLAY_SOURCES
 
 from .config import ServerConfig
 
@@ -83,10 +83,10 @@ def _worker(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from adapters_store.base_model import resolve_base_model
-    from adapters_store.store import SkillStore
-    from trainer.redis_jobs import RedisJobQueue
-    from trainer.worker import SkillTrainer
+    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.store import SkillStore
+    from skillpool.trainer.redis_jobs import RedisJobQueue
+    from skillpool.trainer.worker import SkillTrainer
 
     from .bootstrap import make_router, make_runner
     from .metrics import Metrics
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     upload_arguments(sub.add_parser("upload", help="upload a task file to a running server and follow the training job"))
     ev = sub.add_parser("eval", help="benchmarks that are part of the product").add_subparsers(dest="what", required=True)
-    from router.evaluation import add_arguments as routing_arguments
+    from skillpool.router.evaluation import add_arguments as routing_arguments
 
     routing_arguments(ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each"))
     from .eval_continual import add_arguments as continual_arguments
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     continual_arguments(ev.add_parser("continual", help=continual_help))
     args = parser.parse_args(argv)
     if args.command == "eval" and args.what == "routing":
-        from router.evaluation import run as run_routing
+        from skillpool.router.evaluation import run as run_routing
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         run_routing(args)

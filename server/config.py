@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from router import RouterSettings
+from skillpool.router import RouterSettings
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from adapters_store.lora import LoRAAdapter, LoRABank, Mix
+from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, Mix
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.config import METHODS, TrainConfig
-from trainer.continual_metrics import ap_curve, cl_metrics
-from trainer.datasets import parse_jsonl
-from trainer.evaluation import mean_score, metric_for
-from trainer.worker import split_examples
+from skillpool.trainer.config import METHODS, TrainConfig
+from skillpool.trainer.continual_metrics import ap_curve, cl_metrics
+from skillpool.trainer.datasets import parse_jsonl
+from skillpool.trainer.evaluation import mean_score, metric_for
+from skillpool.trainer.worker import split_examples
 
 BASELINES = ("oracle", "seq", "mtl")
 METRICS = ("auto", "exact_match", "rouge_l")
@@ -61,7 +61,7 @@ def load_tasks(folders: list[Path], train_limit: int | None, test_limit: int | N
 
 
 def set_budgets(tasks: list[Task], tokenizer: Any, cap: int) -> None:
-    from trainer.quality import answer_budget
+    from skillpool.trainer.quality import answer_budget
 
     for t in tasks:
         t.budget = answer_budget(tokenizer, [e["answer"] for e in t.train], cap)
@@ -143,7 +143,7 @@ class Baselines:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from trainer.lora_train import add_lora
+        from skillpool.trainer.lora_train import add_lora
 
         model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32)
         return add_lora(model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed)
@@ -151,7 +151,7 @@ class Baselines:
     def _fit(self, peft_model: Any, examples: list[dict[str, Any]], label: str) -> None:
         from tqdm import tqdm
 
-        from trainer.lora_train import Progress, fit_config
+        from skillpool.trainer.lora_train import Progress, fit_config
 
         bar = tqdm(desc=label, unit="step", dynamic_ncols=True)
         last = [0]
@@ -170,7 +170,7 @@ class Baselines:
         self.tokens += last[0]
 
     def score(self, peft_model: Any, task: Task) -> float:
-        from trainer.evaluation import generate_greedy
+        from skillpool.trainer.evaluation import generate_greedy
 
         return _score(task, generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
 
@@ -222,7 +222,7 @@ def _with_metrics(matrix: list[list[float | None]], single: list[float] | None) 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
-    from adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.base_model import resolve_base_model
 
     cfg: TrainConfig = args.train_config
     base = resolve_base_model(args.model)
@@ -364,7 +364,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from trainer.config import ConfigError
+    from skillpool.trainer.config import ConfigError
 
     try:
         args.train_config = TrainConfig.from_dict(json.loads(args.config))

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from router import Decision
+from skillpool.router import Decision
 
 from .errors import APIError
 

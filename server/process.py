@@ -40,7 +40,7 @@ class ServerProcess:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args],
+            [sys.executable, "-m", "skillpool.server.cli", "serve", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from router import Decision, Router
+from skillpool.router import Decision, Router
 
 from .engine_hf import GenEvent, GenRequest, HFEngine
 from .metrics import Metrics

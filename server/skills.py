@@ -4,9 +4,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from adapters_store.base_model import BaseModel
-from adapters_store.store import SkillRecord, SkillStore
-from router import Features, Router
+from skillpool.adapters_store.base_model import BaseModel
+from skillpool.adapters_store.store import SkillRecord, SkillStore
+from skillpool.router import Features, Router
 
 from .engine_hf import HFEngine
 from .metrics import Metrics

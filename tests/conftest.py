@@ -37,7 +37,7 @@ def dataset_dir(group: str, task: str) -> Path:
 @pytest.fixture(scope="session")
 def smollm() -> object:
     """The real packaged SmolLM2 (converted once into the cache)."""
-    from adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.base_model import resolve_base_model
 
     return resolve_base_model()
 
@@ -48,7 +48,7 @@ def tiny_base(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from adapters_store.base_model import BaseModel, fingerprint_dir
+    from skillpool.adapters_store.base_model import BaseModel, fingerprint_dir
 
     tok = AutoTokenizer.from_pretrained(str(smollm.path))
     torch.manual_seed(0)
@@ -74,13 +74,13 @@ def tiny_base(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def embedder():  # type: ignore[no-untyped-def]
-    from router.embedder import SentenceEmbedder
+    from skillpool.router.embedder import SentenceEmbedder
 
     return SentenceEmbedder()
 
 
 def read_task(group: str, task: str, split: str, limit: int | None = None) -> list[dict]:
-    from trainer.datasets import parse_jsonl
+    from skillpool.trainer.datasets import parse_jsonl
 
     data = (dataset_dir(group, task) / f"{split}.jsonl").read_bytes()
     examples = parse_jsonl(data)

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter
-from router.sapt import QueryProjector, SAPTState, TokenPooler
+from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter
+from skillpool.router.sapt import QueryProjector, SAPTState, TokenPooler
 
 from .config import TrainConfig
 from .lora_train import Cancelled, Example, Progress, ProgressMeter, _batches, _collate, answer_loss, encode_example, pad_id, warmup_then_decay

@@ -5,7 +5,7 @@ import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from adapters_store.lora import LoRABank, Mix
+from skillpool.adapters_store.lora import LoRABank, Mix
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from adapters_store.store import SkillRecord
+from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
 from .lora_train import Cancelled, Progress

@@ -17,7 +17,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from adapters_store.lora import LoRAAdapter, mix_delta
+from skillpool.adapters_store.lora import LoRAAdapter, mix_delta
 
 from .lora_train import Cancelled, Progress, ProgressMeter, _batches, _collate, answer_loss, fit, warmup_then_decay
 

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from adapters_store.lora import LoRABank, Mix
-from adapters_store.store import SkillRecord
-from router import Router
+from skillpool.adapters_store.lora import LoRABank, Mix
+from skillpool.adapters_store.store import SkillRecord
+from skillpool.router import Router
 
 from .config import TrainConfig
 from .evaluation import generate_greedy, mean_score, metric_for, score

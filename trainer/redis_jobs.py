@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from adapters_store.store import SkillRecord
+from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
 from .jobs import TERMINAL, Example, Job, Runner, run_job

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from adapters_store.base_model import BaseModel
-from adapters_store.lora import LoRABank, load_peft_adapter, save_peft_adapter
-from adapters_store.store import SkillDraft, SkillRecord, SkillStore
-from router import Router
+from skillpool.adapters_store.base_model import BaseModel
+from skillpool.adapters_store.lora import LoRABank, load_peft_adapter, save_peft_adapter
+from skillpool.adapters_store.store import SkillDraft, SkillRecord, SkillStore
+from skillpool.router import Router
 
 from .attentive import train_attentive
 from .config import TrainConfig, method_error

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from adapters_store.lora import LoRAAdapter, LoRABank, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
+from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
 
 TARGETS = ("q_proj", "v_proj", "o_proj")
 

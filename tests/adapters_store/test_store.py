@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from adapters_store.names import InvalidSkillName, validate_skill_name
-from adapters_store.store import SkillDraft, SkillStore
+from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
+from skillpool.adapters_store.store import SkillDraft, SkillStore
 
 
 def write_fake_peft(folder: Path) -> None:
@@ -109,7 +109,7 @@ def test_good_names_pass(good: str) -> None:
 
 
 def test_local_model_dir_is_resolved_and_fingerprinted(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.base_model import resolve_base_model
 
     bm = resolve_base_model(tiny_base.path)
     assert bm.path == tiny_base.path and bm.model_id == tiny_base.path.name and bm.fingerprint == tiny_base.fingerprint
@@ -118,7 +118,7 @@ def test_local_model_dir_is_resolved_and_fingerprinted(tiny_base, tmp_path: Path
 
 
 def test_packaged_default_model_is_converted_once(smollm) -> None:  # type: ignore[no-untyped-def]
-    from adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.base_model import resolve_base_model
 
     assert smollm.model_id == "SmolLM2-135M-Instruct"
     assert (smollm.path / "model.safetensors").is_file() and (smollm.path / "tokenizer.json").is_file()

@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router import MODES
+from skillpool.router import MODES
 from load_tests.common import ask, rows, upload, user_text, wait_job
-from server.process import ServerProcess
+from skillpool.server.process import ServerProcess
 from tests.conftest import dataset_dir
-from trainer.evaluation import first_word_match
+from skillpool.trainer.evaluation import first_word_match
 
 pytestmark = pytest.mark.slow
 TRAIN_ROWS = 160

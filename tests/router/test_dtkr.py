@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from router import Router, RouterSettings
-from router.dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
-from router.router import whitening
+from skillpool.router import Router, RouterSettings
+from skillpool.router.dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
+from skillpool.router.router import whitening
 from tests.conftest import read_task
 
 

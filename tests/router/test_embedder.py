@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from router.embedder import SentenceEmbedder
+from skillpool.router.embedder import SentenceEmbedder
 
 
 def test_device_defaults_to_cuda_when_available_and_cpu_gives_unit_vectors() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from skillpool.server.cli import main
 from tests.conftest import dataset_dir
 
 

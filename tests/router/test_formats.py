@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from router import Router, RouterSettings
-from router.formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
+from skillpool.router import Router, RouterSettings
+from skillpool.router.formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
 from tests.conftest import read_task
 
 WORDS = ["apple", "river", "stone", "cloud", "paper", "glass", "music", "window", "forest", "engine", "candle", "silver", "orange", "mountain"]

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from router import Router, RouterSettings
-from router.keys import calibrate_threshold, centroid_keys, held_out_best
-from router.router import whitening
+from skillpool.router import Router, RouterSettings
+from skillpool.router.keys import calibrate_threshold, centroid_keys, held_out_best
+from skillpool.router.router import whitening
 from tests.conftest import read_task
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from router import Router, RouterSettings, SAPTSettings, TokenPooler
-from router.formats import FormatModel
-from router.sapt import SAPTState
+from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
+from skillpool.router.formats import FormatModel
+from skillpool.router.sapt import SAPTState
 from tests.conftest import read_task
 
 TASKS = ("agnews", "sst-2", "boolqa")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import create_app
-from server.bootstrap import build_components
-from server.config import ServerConfig
+from skillpool.server.app import create_app
+from skillpool.server.bootstrap import build_components
+from skillpool.server.config import ServerConfig
 from tests.conftest import dataset_dir, wait_job
 
 FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})

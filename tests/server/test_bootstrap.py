@@ -1,11 +1,11 @@
 """Wiring a server from its config."""
 from __future__ import annotations
 
-from router import RouterSettings
+from skillpool.router import RouterSettings
 
 
 def test_server_router_embeds_on_the_server_device(tiny_base) -> None:  # type: ignore[no-untyped-def]
-    from server.bootstrap import make_router
+    from skillpool.server.bootstrap import make_router
 
     router = make_router(RouterSettings(), tiny_base, device="cpu:0")  # not the default spelling: it was passed on
     assert router.embedder.device == "cpu:0"  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.engine_hf import GenEvent, GenRequest, HFEngine
+from skillpool.server.engine_hf import GenEvent, GenRequest, HFEngine
 from tests.adapters_store.test_lora import random_adapter
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from skillpool.server.cli import main
 from tests.conftest import dataset_dir
 
 CONFIG = json.dumps({"epochs": 1, "max_seq_len": 192})

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adapters_store.lora import LoRAAdapter, LoRABank, load_peft_adapter, mix_delta, save_peft_adapter
-from router.sapt import SAPTSettings, SAPTState, TokenPooler
+from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, load_peft_adapter, mix_delta, save_peft_adapter
+from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
 from tests.adapters_store.test_lora import random_adapter, tiny_llama
-from trainer.attentive import AttentiveLoRALinear, attentive_mix, new_block, train_attentive
-from trainer.config import TrainConfig
-from trainer.lora_train import Cancelled, Progress, _collate, answer_loss, encode_example, pad_id
+from skillpool.trainer.attentive import AttentiveLoRALinear, attentive_mix, new_block, train_attentive
+from skillpool.trainer.config import TrainConfig
+from skillpool.trainer.lora_train import Cancelled, Progress, _collate, answer_loss, encode_example, pad_id
 
 # the tiny random LLaMA learns slowly (near-uniform logits, embeddings of std 0.02): large rates, few steps
 CFG = TrainConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"], epochs=12, batch_size=4,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config import ConfigError, TrainConfig
-from trainer.evaluation import first_word_match, is_classification, mean_score, metric_for, rouge_l
+from skillpool.trainer.config import ConfigError, TrainConfig
+from skillpool.trainer.evaluation import first_word_match, is_classification, mean_score, metric_for, rouge_l
 
 
 def test_defaults_and_overrides() -> None:
@@ -57,7 +57,7 @@ def test_answer_loss_equals_the_models_own_loss(tiny_base) -> None:  # type: ign
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.lora_train import _collate, answer_loss, encode_example
+    from skillpool.trainer.lora_train import _collate, answer_loss, encode_example
 
     tok = AutoTokenizer.from_pretrained(str(tiny_base.path))
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_base.path)), LoraConfig(r=4, target_modules=["q_proj"])).eval()

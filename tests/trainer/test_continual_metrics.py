@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.continual_metrics import ap_curve, cl_metrics
+from skillpool.trainer.continual_metrics import ap_curve, cl_metrics
 
 # a[j][i]: task i after training task j
 M = [

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trainer.datasets import DatasetError, parse_jsonl, route_text
+from skillpool.trainer.datasets import DatasetError, parse_jsonl, route_text
 
 
 def jl(*objs: object) -> bytes:

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from adapters_store.lora import LoRAAdapter, LoRAFactors
-from trainer.kif import KIFSettings, fit_kif, init_from_blocks
-from trainer.lora_train import (
+from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+from skillpool.trainer.kif import KIFSettings, fit_kif, init_from_blocks
+from skillpool.trainer.lora_train import (
     Cancelled,
     Progress,
     _collate,

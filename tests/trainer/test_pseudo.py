@@ -6,8 +6,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from trainer.lora_train import Cancelled, Progress, _collate
-from trainer.pseudo import GeneratorConfig, encode_text, generate_pseudo_inputs, pseudo_replay, train_generator
+from skillpool.trainer.lora_train import Cancelled, Progress, _collate
+from skillpool.trainer.pseudo import GeneratorConfig, encode_text, generate_pseudo_inputs, pseudo_replay, train_generator
 
 TEXTS = [
     "What is the capital of France?",

@@ -1,8 +1,8 @@
 """The quality gate's verdict and its pieces (the routed re-check runs in tests/server/test_api.py)."""
 from __future__ import annotations
 
-from trainer.config import TrainConfig
-from trainer.quality import trivial_answer, verdict
+from skillpool.trainer.config import TrainConfig
+from skillpool.trainer.quality import trivial_answer, verdict
 
 NEW = {"metric": "exact_match", "score": 0.8, "base_score": 0.1, "trivial_score": 0.5, "n": 20, "gain": 0.3, "gain_se": 0.1}
 
@@ -33,7 +33,7 @@ def test_a_gain_within_noise_fails() -> None:
 
 
 def test_held_out_scores_measure_the_gain_per_example() -> None:
-    from trainer.quality import per_example
+    from skillpool.trainer.quality import per_example
 
     assert per_example("exact_match", ["Good", "bad", "x"], ["Good", "Good", "x"]) == [1.0, 0.0, 1.0]
 

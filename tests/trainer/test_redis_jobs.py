@@ -12,15 +12,15 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from adapters_store.store import SkillStore
-from router import Router
-from server.app import create_app
-from server.bootstrap import build_components, make_runner
-from server.config import ServerConfig
-from server.metrics import Metrics
+from skillpool.adapters_store.store import SkillStore
+from skillpool.router import Router
+from skillpool.server.app import create_app
+from skillpool.server.bootstrap import build_components, make_runner
+from skillpool.server.config import ServerConfig
+from skillpool.server.metrics import Metrics
 from tests.conftest import dataset_dir, wait_job
-from trainer.redis_jobs import RedisJobQueue
-from trainer.worker import SkillTrainer
+from skillpool.trainer.redis_jobs import RedisJobQueue
+from skillpool.trainer.worker import SkillTrainer
 
 URL = os.environ.get("SKILLPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adapters_store.store import SkillStore
-from router import Router, RouterSettings
+from skillpool.adapters_store.store import SkillStore
+from skillpool.router import Router, RouterSettings
 from tests.conftest import dataset_dir
-from trainer.config import TrainConfig
-from trainer.datasets import parse_jsonl
-from trainer.worker import SkillTrainer
+from skillpool.trainer.config import TrainConfig
+from skillpool.trainer.datasets import parse_jsonl
+from skillpool.trainer.worker import SkillTrainer
 
 
 def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from adapters_store.store import SkillStore
-from router import Router, RouterSettings, SAPTSettings, TokenPooler
+from skillpool.adapters_store.store import SkillStore
+from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
 from tests.conftest import dataset_dir
-from trainer.config import TrainConfig
-from trainer.datasets import parse_jsonl
-from trainer.worker import SkillTrainer
+from skillpool.trainer.config import TrainConfig
+from skillpool.trainer.datasets import parse_jsonl
+from skillpool.trainer.worker import SkillTrainer
 
 
 def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]
