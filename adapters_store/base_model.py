@@ -2,6 +2,7 @@
 
 Nothing here touches the network: models come from installed packages or local folders.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -5,6 +5,7 @@ each block's intermediate is scaled by w_i · s_i for the rows that use it (zero
 stacked B's project back up. Summing products B_i A_i this way is exact; averaging A's and B's
 separately would add cross terms B_i A_j.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,7 +82,12 @@ def load_peft_adapter(folder: str | Path) -> LoRAAdapter:
 
 
 def save_peft_adapter(
-    adapter: LoRAAdapter, folder: Path, base_model_id: str, alpha: float, target_modules: Sequence[str], dropout: float = 0.0
+    adapter: LoRAAdapter,
+    folder: Path,
+    base_model_id: str,
+    alpha: float,
+    target_modules: Sequence[str],
+    dropout: float = 0.0,
 ) -> None:
     """Write `adapter` as plain PEFT files (adapter_config.json + adapter_model.safetensors).
 

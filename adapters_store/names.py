@@ -1,4 +1,5 @@
 """Skill-name validation: names become folder names, so they are slugs and never raw paths."""
+
 from __future__ import annotations
 
 import re

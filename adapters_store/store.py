@@ -7,6 +7,7 @@ Layout under the data dir:
     tmp/                                                                 (in-progress writes)
 Only safetensors and JSON are ever read back; names are validated slugs, never raw paths.
 """
+
 from __future__ import annotations
 
 import json

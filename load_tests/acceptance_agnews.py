@@ -7,6 +7,7 @@ a malformed upload gets 400 with line numbers; 6. restart and check both skills 
 
     .venv/bin/python load_tests/acceptance_agnews.py [--train 300] [--test 200] [--second sst-2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,7 +67,10 @@ def main() -> int:
         results["agnews_train_s"], results["agnews_job_eval"] = round(secs, 1), job["eval"]
         print(f"agnews learned in {secs:.0f}s, held-out eval {job['eval']}", flush=True)
         results["auto_acc"], results["route_rate"] = score(client, "auto", test, "agnews")
-        print(f"auto on AG News: accuracy {results['auto_acc']:.3f}, routed to agnews {results['route_rate']:.3f}", flush=True)
+        print(
+            f"auto on AG News: accuracy {results['auto_acc']:.3f}, routed to agnews {results['route_rate']:.3f}",
+            flush=True,
+        )
 
         job2, secs2 = learn(srv.url, args.second, args.train, config)
         assert job2["status"] == "succeeded", job2
@@ -74,14 +78,23 @@ def main() -> int:
         results["auto_acc_after_second"], results["route_rate_after_second"] = score(client, "auto", test, "agnews")
         second_test = rows("long_sequence", args.second, "test", 100)
         results["second_auto_acc"], results["second_route_rate"] = score(client, "auto", second_test, args.second)
-        print(f"after {args.second}: AG News accuracy {results['auto_acc_after_second']:.3f} "
-              f"(routed {results['route_rate_after_second']:.3f}); {args.second} accuracy {results['second_auto_acc']:.3f} "
-              f"(routed {results['second_route_rate']:.3f})", flush=True)
+        print(
+            f"after {args.second}: AG News accuracy {results['auto_acc_after_second']:.3f} "
+            f"(routed {results['route_rate_after_second']:.3f}); {args.second} accuracy {results['second_auto_acc']:.3f} "
+            f"(routed {results['second_route_rate']:.3f})",
+            flush=True,
+        )
 
-        bad = b'{"instruction": "x", "output": "y"}\n{oops\n{"instruction": "x", "output": ""}\n' + b'{"instruction": "x", "output": "y"}\n' * 10
+        bad = (
+            b'{"instruction": "x", "output": "y"}\n{oops\n{"instruction": "x", "output": ""}\n'
+            + b'{"instruction": "x", "output": "y"}\n' * 10
+        )
         r = upload(srv.url, "broken", bad)
         err = r.json()["error"]
-        results["malformed_status"], results["malformed_lines"] = r.status_code, [e["line"] for e in err.get("errors", [])]
+        results["malformed_status"], results["malformed_lines"] = (
+            r.status_code,
+            [e["line"] for e in err.get("errors", [])],
+        )
         print(f"malformed upload: {r.status_code} {err['message']}", flush=True)
 
     with ServerProcess(data_dir) as srv:
@@ -90,8 +103,11 @@ def main() -> int:
     results["agnews_drop_points"] = round(100 * (results["auto_acc"] - results["auto_acc_after_second"]), 1)
     print(json.dumps(results, indent=2))
     ok = (
-        results["route_rate"] >= 0.95 and results["auto_acc"] >= 0.80 and results["agnews_train_s"] < 900
-        and results["agnews_drop_points"] <= 2 and results["malformed_status"] == 400
+        results["route_rate"] >= 0.95
+        and results["auto_acc"] >= 0.80
+        and results["agnews_train_s"] < 900
+        and results["agnews_drop_points"] <= 2
+        and results["malformed_status"] == 400
         and {"agnews", args.second} <= set(results["after_restart"])
     )
     print("ACCEPTANCE", "PASS" if ok else "FAIL")

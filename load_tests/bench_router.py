@@ -11,6 +11,7 @@ rest grows with the pool), and the 1,000 / 10 ratios.
 
     .venv/bin/python load_tests/bench_router.py [--mode dtkr|sapt|centroid] [--requests 200] [--device cpu|cuda]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,14 +33,18 @@ from skillpool.router.embedder import SentenceEmbedder  # noqa: E402
 from skillpool.router.formats import fit_format  # noqa: E402
 from skillpool.router.sapt import SAPTState  # noqa: E402
 
-
 TASKS = ("agnews", "sst-2", "mnli", "boolqa")
 
 
-def synthetic_router(embedder: SentenceEmbedder, n_skills: int, mode: str, pooler: TokenPooler | None, seed: int = 0) -> Router:
+def synthetic_router(
+    embedder: SentenceEmbedder, n_skills: int, mode: str, pooler: TokenPooler | None, seed: int = 0
+) -> Router:
     settings = RouterSettings(mode=mode)
     router = Router(embedder, settings, pooler)
-    formats = [fit_format([user_text(r) for r in rows("long_sequence", t, "train", 100)], settings.format).tensors() for t in TASKS]
+    formats = [
+        fit_format([user_text(r) for r in rows("long_sequence", t, "train", 100)], settings.format).tensors()
+        for t in TASKS
+    ]
     rng = np.random.default_rng(seed)
     sapt = SAPTState(pooler.dim, settings.sapt) if pooler else None
     for i in range(n_skills):
@@ -49,9 +54,12 @@ def synthetic_router(embedder: SentenceEmbedder, n_skills: int, mode: str, poole
         a = rng.normal(size=(embedder.dim, 16)).astype(np.float32) / 16
         calib = rng.normal(size=(64, embedder.dim)).astype(np.float32)
         tensors = {
-            "centroid_keys": t, "dtkr_keys": split_groups(t, settings.dtkr.groups),
-            "threshold": torch.tensor([0.0]), "threshold_dtkr": torch.tensor([0.0]),
-            "input_cov": torch.from_numpy(a @ a.T + 1e-3 * np.eye(embedder.dim, dtype=np.float32)).half(), "input_count": torch.tensor([300]),
+            "centroid_keys": t,
+            "dtkr_keys": split_groups(t, settings.dtkr.groups),
+            "threshold": torch.tensor([0.0]),
+            "threshold_dtkr": torch.tensor([0.0]),
+            "input_cov": torch.from_numpy(a @ a.T + 1e-3 * np.eye(embedder.dim, dtype=np.float32)).half(),
+            "input_count": torch.tensor([300]),
             # random inputs, not the keys: thresholds low enough that requests pass the similarity gate and
             # take the full path (format checks of the candidate skills, then the mix)
             "calibration_inputs": torch.from_numpy(calib / np.linalg.norm(calib, axis=1, keepdims=True)).half(),
@@ -112,25 +120,43 @@ def main() -> int:
         build = time.perf_counter() - t0
         reasons = Counter(d.reason for d in router.route(texts[: args.requests]))
         print(f"{n} skills: decisions {dict(reasons)}")
-        res[n] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": build,
-                  "route_only": route_only(router, texts[: args.requests])}
+        res[n] = {
+            "single": timings(router, texts[: args.requests], 1),
+            "batch32": timings(router, texts, 32),
+            "build_s": build,
+            "route_only": route_only(router, texts[: args.requests]),
+        }
     # the same 1,000-skill router without the format gate: what the gate's checks of up to 32 candidate skills cost
     router.settings = replace(router.settings, format=replace(router.settings.format, enabled=False))
-    off: dict[str, Any] = {"single": timings(router, texts[: args.requests], 1), "batch32": timings(router, texts, 32), "build_s": 0.0,
-                           "route_only": route_only(router, texts[: args.requests])}
+    off: dict[str, Any] = {
+        "single": timings(router, texts[: args.requests], 1),
+        "batch32": timings(router, texts, 32),
+        "build_s": 0.0,
+        "route_only": route_only(router, texts[: args.requests]),
+    }
     where = f"{torch.get_num_threads()} CPU threads" if embedder.device == "cpu" else embedder.device
     print(f"router mode {args.mode}, {args.requests} single requests, MiniLM on {where}")
-    print(f"{'skills':>7s} {'p50 ms/req':>11s} {'p99 ms/req':>11s} {'batch32 p50 ms/req':>19s} {'add+build s':>14s} {'route-only p50 / p99 ms':>24s}")
+    print(
+        f"{'skills':>7s} {'p50 ms/req':>11s} {'p99 ms/req':>11s} {'batch32 p50 ms/req':>19s} {'add+build s':>14s} {'route-only p50 / p99 ms':>24s}"
+    )
     for n, r in res.items():
-        print(f"{n:7d} {1000 * r['single'][0]:11.2f} {1000 * r['single'][1]:11.2f} {1000 * r['batch32'][0]:19.2f} {r['build_s']:14.2f} "
-              f"{1000 * r['route_only'][0]:14.2f} / {1000 * r['route_only'][1]:.2f}")
-    print(f"1000, format gate off: {1000 * off['single'][0]:.2f} / {1000 * off['single'][1]:.2f} / {1000 * off['batch32'][0]:.2f} ms, "
-          f"route-only {1000 * off['route_only'][0]:.2f} / {1000 * off['route_only'][1]:.2f} ms")
-    print(f"\n1000 / 10 skills, p50 single: {res[1000]['single'][0] / res[10]['single'][0]:.2f}x; "
-          f"p99 single: {res[1000]['single'][1] / res[10]['single'][1]:.2f}x; batch32 p50: {res[1000]['batch32'][0] / res[10]['batch32'][0]:.2f}x")
+        print(
+            f"{n:7d} {1000 * r['single'][0]:11.2f} {1000 * r['single'][1]:11.2f} {1000 * r['batch32'][0]:19.2f} {r['build_s']:14.2f} "
+            f"{1000 * r['route_only'][0]:14.2f} / {1000 * r['route_only'][1]:.2f}"
+        )
+    print(
+        f"1000, format gate off: {1000 * off['single'][0]:.2f} / {1000 * off['single'][1]:.2f} / {1000 * off['batch32'][0]:.2f} ms, "
+        f"route-only {1000 * off['route_only'][0]:.2f} / {1000 * off['route_only'][1]:.2f} ms"
+    )
+    print(
+        f"\n1000 / 10 skills, p50 single: {res[1000]['single'][0] / res[10]['single'][0]:.2f}x; "
+        f"p99 single: {res[1000]['single'][1] / res[10]['single'][1]:.2f}x; batch32 p50: {res[1000]['batch32'][0] / res[10]['batch32'][0]:.2f}x"
+    )
     print(f"route-only (no MiniLM) 1000 / 10 skills, p50: {res[1000]['route_only'][0] / res[10]['route_only'][0]:.2f}x")
-    print(f"format gate on / off at 1000 skills, p50 single: {res[1000]['single'][0] / off['single'][0]:.2f}x; "
-          f"batch32 p50: {res[1000]['batch32'][0] / off['batch32'][0]:.2f}x; route-only p50: {res[1000]['route_only'][0] / off['route_only'][0]:.2f}x")
+    print(
+        f"format gate on / off at 1000 skills, p50 single: {res[1000]['single'][0] / off['single'][0]:.2f}x; "
+        f"batch32 p50: {res[1000]['batch32'][0] / off['batch32'][0]:.2f}x; route-only p50: {res[1000]['route_only'][0] / off['route_only'][0]:.2f}x"
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ scenarios. Prints tokens/s, TTFT and end-to-end latency percentiles, and ratios 
 
     .venv/bin/python load_tests/bench_serving.py [--requests 32] [--concurrency 16] [--max-tokens 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,12 @@ from load_tests.common import rows, user_text  # noqa: E402
 # Generation tasks: answers run to the token budget, so decode (where batching pays) is measured,
 # not just the prefill of long classification prompts.
 GROUP = "superni"
-TASKS = ("task1729_personachat_generate_next", "task639_multi_woz_user_utterance_generation",
-         "task1590_diplomacy_text_generation", "task748_glucose_reverse_cause_event_detection")
+TASKS = (
+    "task1729_personachat_generate_next",
+    "task639_multi_woz_user_utterance_generation",
+    "task1590_diplomacy_text_generation",
+    "task748_glucose_reverse_cause_event_detection",
+)
 
 
 def make_skills(data_dir: Path, rank: int) -> None:
@@ -43,17 +48,25 @@ def make_skills(data_dir: Path, rank: int) -> None:
     store, router = SkillStore(data_dir), Router(SentenceEmbedder())
     for i, task in enumerate(TASKS):
         model = AutoModelForCausalLM.from_pretrained(str(base.path))
-        pm = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        pm = get_peft_model(
+            model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        )
         g = torch.Generator().manual_seed(i)
         with torch.no_grad():
             for n, p in pm.named_parameters():
                 if "lora_B" in n:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.01)
         texts = [user_text(r) for r in rows(GROUP, task, "train", 200)]
-        store.write(SkillDraft(
-            name=task, write_adapter=lambda f, pm=pm: save_adapter(pm, f, base.model_id), router_tensors=router.prepare_keys(texts),
-            meta={"base_model": {"id": base.model_id, "fingerprint": base.fingerprint}, "eval": None}, replay=[], probe=[],
-        ))
+        store.write(
+            SkillDraft(
+                name=task,
+                write_adapter=lambda f, pm=pm: save_adapter(pm, f, base.model_id),
+                router_tensors=router.prepare_keys(texts),
+                meta={"base_model": {"id": base.model_id, "fingerprint": base.fingerprint}, "eval": None},
+                replay=[],
+                probe=[],
+            )
+        )
 
 
 def run(client, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -61,8 +74,12 @@ def run(client, model: str, prompts: list[str], concurrency: int, max_tokens: in
         t0 = time.perf_counter()
         ttft, ntok, nprompt = None, 0, 0
         stream = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": text}], temperature=0, max_tokens=max_tokens,
-            stream=True, stream_options={"include_usage": True},
+            model=model,
+            messages=[{"role": "user", "content": text}],
+            temperature=0,
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         for chunk in stream:
             if ttft is None and chunk.choices and chunk.choices[0].delta.content:
@@ -78,8 +95,13 @@ def run(client, model: str, prompts: list[str], concurrency: int, max_tokens: in
     ttfts, e2e = sorted(r[0] for r in res), sorted(r[1] for r in res)
     pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
     return {
-        "tok_s": sum(r[2] for r in res) / wall, "prompt_tok_s": sum(r[3] for r in res) / wall, "req_s": len(prompts) / wall,
-        "ttft_p50": statistics.median(ttfts), "ttft_p99": pct(ttfts, 0.99), "e2e_p50": statistics.median(e2e), "e2e_p99": pct(e2e, 0.99),
+        "tok_s": sum(r[2] for r in res) / wall,
+        "prompt_tok_s": sum(r[3] for r in res) / wall,
+        "req_s": len(prompts) / wall,
+        "ttft_p50": statistics.median(ttfts),
+        "ttft_p99": pct(ttfts, 0.99),
+        "e2e_p50": statistics.median(e2e),
+        "e2e_p99": pct(e2e, 0.99),
     }
 
 
@@ -109,14 +131,24 @@ def main() -> int:
             "auto (per-row mixes), concurrent": run(client, "auto", prompts, args.concurrency, args.max_tokens),
             "forced one skill, concurrent": run(client, TASKS[0], prompts, args.concurrency, args.max_tokens),
         }
-    print(f"\n{args.requests} requests from 4 SuperNI generation tasks, {args.max_tokens} max tokens, concurrency {args.concurrency}, LoRA rank {args.rank} on q,k,v,o")
-    print(f"{'scenario':36s} {'tok/s':>8s} {'prompt tok/s':>12s} {'req/s':>7s} {'ttft p50':>9s} {'ttft p99':>9s} {'e2e p50':>8s} {'e2e p99':>8s}")
+    print(
+        f"\n{args.requests} requests from 4 SuperNI generation tasks, {args.max_tokens} max tokens, concurrency {args.concurrency}, LoRA rank {args.rank} on q,k,v,o"
+    )
+    print(
+        f"{'scenario':36s} {'tok/s':>8s} {'prompt tok/s':>12s} {'req/s':>7s} {'ttft p50':>9s} {'ttft p99':>9s} {'e2e p50':>8s} {'e2e p99':>8s}"
+    )
     for name, r in results.items():
-        print(f"{name:36s} {r['tok_s']:8.1f} {r['prompt_tok_s']:12.1f} {r['req_s']:7.2f} {r['ttft_p50']:9.3f} {r['ttft_p99']:9.3f} {r['e2e_p50']:8.3f} {r['e2e_p99']:8.3f}")
+        print(
+            f"{name:36s} {r['tok_s']:8.1f} {r['prompt_tok_s']:12.1f} {r['req_s']:7.2f} {r['ttft_p50']:9.3f} {r['ttft_p99']:9.3f} {r['e2e_p50']:8.3f} {r['e2e_p99']:8.3f}"
+        )
     b_seq, b_con = results["base, sequential"], results["base, concurrent"]
     print(f"\nbatching gain (base concurrent / sequential tok/s): {b_con['tok_s'] / b_seq['tok_s']:.2f}x")
-    print(f"per-row mix cost (auto / base, concurrent tok/s):    {results['auto (per-row mixes), concurrent']['tok_s'] / b_con['tok_s']:.2f}x")
-    print(f"single-skill cost (forced / base, concurrent tok/s): {results['forced one skill, concurrent']['tok_s'] / b_con['tok_s']:.2f}x")
+    print(
+        f"per-row mix cost (auto / base, concurrent tok/s):    {results['auto (per-row mixes), concurrent']['tok_s'] / b_con['tok_s']:.2f}x"
+    )
+    print(
+        f"single-skill cost (forced / base, concurrent tok/s): {results['forced one skill, concurrent']['tok_s'] / b_con['tok_s']:.2f}x"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """Helpers shared by the load and acceptance scripts: dataset rows, uploads, concurrent chat calls."""
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -44,8 +45,11 @@ def wait_job(url: str, job_id: str, timeout_s: float = 3600, poll_s: float = 5, 
         if verbose and p.get("step") != last and p.get("total"):
             last = p["step"]
             eta = p.get("eta_s")
-            print(f"  {job['skill']}: step {p['step']}/{p['total']} loss {p.get('loss') or 0:.3f} "
-                  f"{p.get('tokens_per_s') or 0:.0f} tok/s eta {eta or 0:.0f}s", flush=True)
+            print(
+                f"  {job['skill']}: step {p['step']}/{p['total']} loss {p.get('loss') or 0:.3f} "
+                f"{p.get('tokens_per_s') or 0:.0f} tok/s eta {eta or 0:.0f}s",
+                flush=True,
+            )
         time.sleep(poll_s)
     raise TimeoutError(f"job {job_id} still running after {timeout_s}s")
 

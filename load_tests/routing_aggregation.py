@@ -6,6 +6,7 @@ aggregation, in the router's whitened space, with no gate. Prints top-1 per aggr
     .venv/bin/python load_tests/routing_aggregation.py --tasks ../shared/datasets/long_sequence/* \
         [--text with-instruction|input-only] [--train-limit 300] [--cache DIR]
 """
+
 from __future__ import annotations
 
 import argparse

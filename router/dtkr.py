@@ -7,6 +7,7 @@ picked sometimes), the top-k per group are selected and −mean(cosine) of the s
 minimized; only selected keys receive gradient. The keys end up estimating centroids of the task's
 input distribution, so k-means centroids are the initialization.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,7 +46,9 @@ def _init(emb: np.ndarray, n_keys: int, s: DTKRSettings) -> torch.Tensor:
     if s.init == "orthogonal":
         g = torch.Generator().manual_seed(s.seed)
         d = emb.shape[1] // s.groups
-        keys = torch.stack([torch.linalg.qr(torch.randn(d, max(d, n_keys), generator=g).T)[0][:n_keys] for _ in range(s.groups)], dim=1)
+        keys = torch.stack(
+            [torch.linalg.qr(torch.randn(d, max(d, n_keys), generator=g).T)[0][:n_keys] for _ in range(s.groups)], dim=1
+        )
         return F.normalize(keys, dim=-1)
     raise ValueError(f"unknown DTKR init {s.init!r} (kmeans | orthogonal)")
 

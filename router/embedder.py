@@ -1,4 +1,5 @@
 """The frozen Sentence-BERT (all-MiniLM-L6-v2) that maps routed text to unit vectors."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -49,7 +50,11 @@ class SentenceEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         with self._lock:
             vecs = self.model.encode(
-                list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
             )
         return np.ascontiguousarray(vecs, dtype=np.float32)
 

@@ -7,6 +7,7 @@ matrix and a routing-accuracy-vs-tasks curve. Needs no LLM for the key modes; sa
 model's token-embedding table (no transformer layers) and learns each task with attentive reflection
 on a replay sample (`--replay-fraction`, 2% as the trainer stores) of every earlier task.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,9 @@ def _top(d: Decision) -> str:
     return d.route[0][0] if d.route else "base"
 
 
-def _learn(router: Router, name: str, texts: list[str], train: Features, replay: dict[str, torch.Tensor], held_fraction: float) -> None:
+def _learn(
+    router: Router, name: str, texts: list[str], train: Features, replay: dict[str, torch.Tensor], held_fraction: float
+) -> None:
     tensors = router.prepare_keys_from_embeddings(train.emb, texts)
     attention = None
     if router.settings.mode == "sapt":
@@ -77,12 +80,16 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
         prep_s = time.perf_counter() - t0
         pooled = f_train[task.name].pooled
         if pooled is not None:  # what the trainer stores for later attentive reflection
-            replay[task.name] = pooled[rng.choice(len(pooled), max(1, round(len(pooled) * replay_fraction)), replace=False)]
+            replay[task.name] = pooled[
+                rng.choice(len(pooled), max(1, round(len(pooled) * replay_fraction)), replace=False)
+            ]
         per_task: dict[str, dict[str, float]] = {}
         for j, other in enumerate(tasks):
             ds = router.route_features(f_test[other.name])
             fb = float(np.mean([not d.route for d in ds]))
-            by_format = float(np.mean([d.reason == "format_mismatch" for d in ds]))  # the part of fb the format gate made
+            by_format = float(
+                np.mean([d.reason == "format_mismatch" for d in ds])
+            )  # the part of fb the format gate made
             if j <= i:
                 per_task[other.name] = {
                     "top1": float(np.mean([_top(d) == other.name for d in ds])),
@@ -97,16 +104,18 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
                 per_task[other.name] = {"fallback_unseen": fb, "fallback_format": by_format, "n": len(ds)}
         seen = [v for v in per_task.values() if "top1" in v]
         unseen = [v["fallback_unseen"] for v in per_task.values() if "fallback_unseen" in v]
-        steps.append({
-            "added": task.name,
-            "tasks_seen": i + 1,
-            "top1": float(np.mean([v["top1"] for v in seen])),
-            "weight": float(np.mean([v["weight"] for v in seen])),
-            "fallback_seen": float(np.mean([v["fallback"] for v in seen])),
-            "fallback_unseen": float(np.mean(unseen)) if unseen else None,
-            "prepare_s": prep_s,
-            "per_task": per_task,
-        })
+        steps.append(
+            {
+                "added": task.name,
+                "tasks_seen": i + 1,
+                "top1": float(np.mean([v["top1"] for v in seen])),
+                "weight": float(np.mean([v["weight"] for v in seen])),
+                "fallback_seen": float(np.mean([v["fallback"] for v in seen])),
+                "fallback_unseen": float(np.mean(unseen)) if unseen else None,
+                "prepare_s": prep_s,
+                "per_task": per_task,
+            }
+        )
     names = [t.name for t in tasks]
     labels = [*names, "base"]
     confusion = [[sum(_top(d) == lab for d in final_decisions[n]) for lab in labels] for n in names]
@@ -132,10 +141,14 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"{'step':>4s} {'added':28s} {'top1':>6s} {'weight':>6s} {'fb_seen':>7s} {'fb_unseen':>9s}")
     for s in result["steps"]:
         fu = "-" if s["fallback_unseen"] is None else f"{s['fallback_unseen']:.3f}"
-        print(f"{s['tasks_seen']:4d} {s['added'][:28]:28s} {s['top1']:6.3f} {s['weight']:6.3f} {s['fallback_seen']:7.3f} {fu:>9s}")
+        print(
+            f"{s['tasks_seen']:4d} {s['added'][:28]:28s} {s['top1']:6.3f} {s['weight']:6.3f} {s['fallback_seen']:7.3f} {fu:>9s}"
+        )
     f = result["final"]
-    print(f"\nfinal: top1 {f['top1']:.4f} (micro {f['top1_micro']:.4f}), weight {f['weight']:.4f}, "
-          f"fallback seen {f['fallback_seen']:.4f}, fallback unseen {f['fallback_unseen'] if f['fallback_unseen'] is None else round(f['fallback_unseen'], 4)}")
+    print(
+        f"\nfinal: top1 {f['top1']:.4f} (micro {f['top1_micro']:.4f}), weight {f['weight']:.4f}, "
+        f"fallback seen {f['fallback_seen']:.4f}, fallback unseen {f['fallback_unseen'] if f['fallback_unseen'] is None else round(f['fallback_unseen'], 4)}"
+    )
     print("per task:", ", ".join(f"{n} {v['top1']:.3f}" for n, v in f["per_task"].items()))
 
 
@@ -156,7 +169,15 @@ def plot(result: dict[str, Any], folder: Path, title: str) -> list[Path]:
     for i in range(share.shape[0]):
         for j in range(share.shape[1]):
             if counts[i, j]:
-                ax.text(j, i, f"{share[i, j]:.2f}", ha="center", va="center", fontsize=7, color="white" if share[i, j] > 0.5 else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{share[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if share[i, j] > 0.5 else "black",
+                )
     ax.set_xlabel("routed to (top-1)")
     ax.set_ylabel("true task")
     ax.set_title(f"routing confusion — {title}")
@@ -190,7 +211,13 @@ def plot(result: dict[str, Any], folder: Path, title: str) -> list[Path]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = RouterSettings()
-    p.add_argument("--tasks", type=Path, nargs="+", required=True, help="task folders (train.jsonl + test.jsonl), learned in this order")
+    p.add_argument(
+        "--tasks",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="task folders (train.jsonl + test.jsonl), learned in this order",
+    )
     p.add_argument("--router", choices=MODES, default=d.mode)
     p.add_argument("--text", choices=("with-instruction", "input-only"), default="with-instruction")
     p.add_argument("--train-limit", type=int, default=300)
@@ -203,19 +230,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--threshold-percentile", type=float, default=d.threshold_percentile)
     p.add_argument("--threshold-margin", type=float, default=d.threshold_margin)
-    p.add_argument("--white-threshold-percentile", type=float, default=d.white_threshold_percentile, help="dtkr: whitened gate")
+    p.add_argument(
+        "--white-threshold-percentile", type=float, default=d.white_threshold_percentile, help="dtkr: whitened gate"
+    )
     p.add_argument("--white-threshold-margin", type=float, default=d.white_threshold_margin, help="dtkr: whitened gate")
-    p.add_argument("--format-gate", choices=("on", "off"), default="on" if d.format.enabled else "off",
-                   help="fall back when a request lacks the fixed prompt text (instruction, options, field names) of its skills")
-    p.add_argument("--format-min-df", type=float, default=d.format.min_df, help="share of a skill's inputs a gram must be in to be part of its format")
-    p.add_argument("--format-margin", type=float, default=d.format.margin, help="nats below the skill's held-out percentile")
+    p.add_argument(
+        "--format-gate",
+        choices=("on", "off"),
+        default="on" if d.format.enabled else "off",
+        help="fall back when a request lacks the fixed prompt text (instruction, options, field names) of its skills",
+    )
+    p.add_argument(
+        "--format-min-df",
+        type=float,
+        default=d.format.min_df,
+        help="share of a skill's inputs a gram must be in to be part of its format",
+    )
+    p.add_argument(
+        "--format-margin", type=float, default=d.format.margin, help="nats below the skill's held-out percentile"
+    )
     p.add_argument("--format-percentile", type=float, default=d.format.percentile)
     p.add_argument("--replay-fraction", type=float, default=0.02, help="sapt: replay sample kept per task")
     p.add_argument("--sapt-steps", type=int, default=d.sapt.steps)
     p.add_argument("--sapt-lambda", type=float, default=d.sapt.arm_lambda, help="weight of attentive reflection")
     p.add_argument("--sapt-pool", choices=POOLS, default=d.sapt.pool)
-    p.add_argument("--model", type=Path, default=None, help="sapt: local base checkpoint (default: the packaged SmolLM2)")
-    p.add_argument("--cache", type=Path, default=None, help="keep sentence embeddings here between runs (keyed by model and texts)")
+    p.add_argument(
+        "--model", type=Path, default=None, help="sapt: local base checkpoint (default: the packaged SmolLM2)"
+    )
+    p.add_argument(
+        "--cache", type=Path, default=None, help="keep sentence embeddings here between runs (keyed by model and texts)"
+    )
     p.add_argument("--device", default=None, help="where MiniLM runs: cpu or cuda (default: cuda when available)")
 
 
@@ -224,27 +268,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     d = RouterSettings()
     settings = RouterSettings(
-        mode=args.router, n_keys=args.keys, top_k=args.top_k, temperature=args.temperature,
-        threshold_percentile=args.threshold_percentile, threshold_margin=args.threshold_margin,
-        white_threshold_percentile=args.white_threshold_percentile, white_threshold_margin=args.white_threshold_margin,
+        mode=args.router,
+        n_keys=args.keys,
+        top_k=args.top_k,
+        temperature=args.temperature,
+        threshold_percentile=args.threshold_percentile,
+        threshold_margin=args.threshold_margin,
+        white_threshold_percentile=args.white_threshold_percentile,
+        white_threshold_margin=args.white_threshold_margin,
         dtkr=replace(d.dtkr, groups=args.groups),
         sapt=SAPTSettings(steps=args.sapt_steps, arm_lambda=args.sapt_lambda, pool=args.sapt_pool),
-        format=replace(d.format, enabled=args.format_gate == "on", min_df=args.format_min_df, margin=args.format_margin,
-                       percentile=args.format_percentile),
+        format=replace(
+            d.format,
+            enabled=args.format_gate == "on",
+            min_df=args.format_min_df,
+            margin=args.format_margin,
+            percentile=args.format_percentile,
+        ),
     )
     tasks = [load_task(f, args.text, args.train_limit, args.test_limit) for f in args.tasks]
     pooler = None
     if args.router == "sapt":
         from skillpool.adapters_store.base_model import resolve_base_model
 
-        pooler = TokenPooler.from_checkpoint(args.model or resolve_base_model().path, settings.sapt.max_tokens, settings.sapt.pool)
+        pooler = TokenPooler.from_checkpoint(
+            args.model or resolve_base_model().path, settings.sapt.max_tokens, settings.sapt.pool
+        )
     t0 = time.perf_counter()
     embedder: Embedder = SentenceEmbedder(device=args.device)
     if args.cache:
         embedder = CachedEmbedder(embedder, args.cache)
     result = evaluate(tasks, Router(embedder, settings, pooler), args.replay_fraction)
-    result["config"] = {"router": args.router, "text": args.text, "train_limit": args.train_limit, "test_limit": args.test_limit,
-                        "tasks": [t.name for t in tasks], "settings": {k: v for k, v in vars(args).items() if k not in ("tasks", "json", "plots")}}
+    result["config"] = {
+        "router": args.router,
+        "text": args.text,
+        "train_limit": args.train_limit,
+        "test_limit": args.test_limit,
+        "tasks": [t.name for t in tasks],
+        "settings": {k: v for k, v in vars(args).items() if k not in ("tasks", "json", "plots")},
+    }
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print_table(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ whose inputs share no fixed text (free chat) gets no gram above `min_df` and a g
 
 Grams are stored as 64-bit hashes (safetensors holds tensors, not strings).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -86,8 +87,11 @@ class FormatModel:
         """None for a skill stored without a format model (it is not format-gated)."""
         if "format_grams" not in tensors:
             return None
-        return cls(tensors["format_grams"].numpy().astype(np.int64), tensors["format_log_odds"].float().numpy(),
-                   float(tensors["threshold_format"][0]))
+        return cls(
+            tensors["format_grams"].numpy().astype(np.int64),
+            tensors["format_log_odds"].float().numpy(),
+            float(tensors["threshold_format"][0]),
+        )
 
 
 def _present(request: np.ndarray, grams: np.ndarray) -> np.ndarray:

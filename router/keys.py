@@ -1,4 +1,5 @@
 """Per-skill router keys: k-means centroids of the skill's input embeddings, plus a fallback threshold."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -29,6 +29,7 @@ first; slots of skills whose format the request lacks are dropped, and if none i
 goes to the base model (reason `format_mismatch`). The similarity gate and the mix then use the
 remaining slots.
 """
+
 from __future__ import annotations
 
 import threading
@@ -108,8 +109,11 @@ class Features:
         """One batch from several (pooled and grams only when every part has them)."""
         pooled = [p.pooled for p in parts if p.pooled is not None]
         grams: list[np.ndarray] = [g for p in parts for g in (p.grams or [])]
-        return cls(np.concatenate([p.emb for p in parts]), torch.cat(pooled) if len(pooled) == len(parts) else None,
-                   grams if all(p.grams is not None for p in parts) else None)
+        return cls(
+            np.concatenate([p.emb for p in parts]),
+            torch.cat(pooled) if len(pooled) == len(parts) else None,
+            grams if all(p.grams is not None for p in parts) else None,
+        )
 
 
 @dataclass
@@ -171,30 +175,40 @@ class Router:
         """A skill's router tensors from its training inputs: keys and thresholds for every mode."""
         return self.prepare_keys_from_embeddings(self.embedder.embed(texts), texts)
 
-    def prepare_keys_from_embeddings(self, emb: np.ndarray, texts: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+    def prepare_keys_from_embeddings(
+        self, emb: np.ndarray, texts: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
         """As prepare_keys, from the inputs' embeddings; without the texts the skill gets no format model."""
         s = self.settings
         fit_c: Callable[[np.ndarray], np.ndarray] = lambda x: centroid_keys(x, s.n_keys)  # noqa: E731
         fit_d: Callable[[np.ndarray], torch.Tensor] = lambda x: train_dtkr_keys(x, s.n_keys, s.dtkr)  # noqa: E731
         cent, dtkr = fit_c(emb), fit_d(emb)
         best_c = held_out_best(emb, fit_c, lambda x, k: (x @ k.T).max(axis=1), s.calibration_folds)
-        best_d = held_out_best(emb, fit_d, lambda x, k: slot_scores(x, k, s.dtkr.groups).max(axis=1), s.calibration_folds)
+        best_d = held_out_best(
+            emb, fit_d, lambda x, k: slot_scores(x, k, s.dtkr.groups).max(axis=1), s.calibration_folds
+        )
         thr_c = calibrate_threshold(best_c, s.threshold_percentile, s.threshold_margin)
         thr_d = calibrate_threshold(best_d, s.threshold_percentile, s.threshold_margin)
         cov = np.cov(emb.T) if len(emb) > 1 else np.zeros((emb.shape[1], emb.shape[1]))
         fmt = fit_format(texts, s.format).tensors() if texts is not None else {}
-        return fmt | {
-            CENTROID: torch.from_numpy(cent),
-            DTKR: dtkr,
-            "input_cov": torch.from_numpy(cov.astype(np.float32)).half(),  # for the pooled whitening
-            "input_count": torch.tensor([len(emb)]),
-            "calibration_inputs": torch.from_numpy(emb[np.random.default_rng(0).permutation(len(emb))[: s.calibration_inputs]]).half(),
-            "threshold": torch.tensor([thr_c], dtype=torch.float32),  # centroid mode
-            "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
-        }
+        return (
+            fmt
+            | {
+                CENTROID: torch.from_numpy(cent),
+                DTKR: dtkr,
+                "input_cov": torch.from_numpy(cov.astype(np.float32)).half(),  # for the pooled whitening
+                "input_count": torch.tensor([len(emb)]),
+                "calibration_inputs": torch.from_numpy(
+                    emb[np.random.default_rng(0).permutation(len(emb))[: s.calibration_inputs]]
+                ).half(),
+                "threshold": torch.tensor([thr_c], dtype=torch.float32),  # centroid mode
+                "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
+            }
+        )
 
-    def prepare_sapt(self, name: str, train: Sequence[str], held: Sequence[str],
-                     replay: Mapping[str, Sequence[str]]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    def prepare_sapt(
+        self, name: str, train: Sequence[str], held: Sequence[str], replay: Mapping[str, Sequence[str]]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Learn skill `name` into a copy of the registered SAPT state: (its router tensors, its ā by block).
 
         train/held: the skill's inputs; replay: replay (or pseudo) inputs of earlier skills, by name.
@@ -202,10 +216,13 @@ class Router:
         """
         assert self.pooler is not None
         pool = self.pooler
-        return self.prepare_sapt_pooled(name, pool(train), pool(held), {n: pool(list(t)) for n, t in replay.items() if t})
+        return self.prepare_sapt_pooled(
+            name, pool(train), pool(held), {n: pool(list(t)) for n, t in replay.items() if t}
+        )
 
-    def prepare_sapt_pooled(self, name: str, train: torch.Tensor, held: torch.Tensor,
-                            replay: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    def prepare_sapt_pooled(
+        self, name: str, train: torch.Tensor, held: torch.Tensor, replay: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         state = self.sapt_state().learn(name, train, held, replay)
         return state.skill_tensors(name), state.mean_attention[name]
 
@@ -215,7 +232,9 @@ class Router:
             raise ValueError("no TokenPooler: the router was built without the base model's token embeddings")
         with self._lock:
             if self._sapt is None:
-                self._sapt = SAPTState.from_skills(self.pooler.dim, self.settings.sapt, list(self._sapt_tensors.items()), self._sapt_attention)
+                self._sapt = SAPTState.from_skills(
+                    self.pooler.dim, self.settings.sapt, list(self._sapt_tensors.items()), self._sapt_attention
+                )
             return self._sapt
 
     def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
@@ -240,14 +259,18 @@ class Router:
         return self.settings.mode == "dtkr" and self.settings.whiten
 
     def _white_rows(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return _flat_groups(split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), self.settings.dtkr.groups))
+        return _flat_groups(
+            split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), self.settings.dtkr.groups)
+        )
 
     def _query_vectors(self, emb: np.ndarray) -> np.ndarray:
         if self.settings.mode in ("centroid", "sapt"):
             return emb
         return _flat_groups(split_groups(torch.from_numpy(emb), self.settings.dtkr.groups))
 
-    def add_skill(self, name: str, tensors: dict[str, torch.Tensor], sapt_attention: dict[str, float] | None = None) -> None:
+    def add_skill(
+        self, name: str, tensors: dict[str, torch.Tensor], sapt_attention: dict[str, float] | None = None
+    ) -> None:
         """Register (or replace) a skill's keys; `sapt_attention` is its stored mean attention ā (sapt)."""
         sk = self._search_keys(tensors)
         with self._lock:
@@ -288,7 +311,12 @@ class Router:
             owners.extend([name] * len(sk.vectors))
         mix_index, white, white_thr = None, None, {}
         if self._whitened and self._skills:
-            d, n, m, total = self.embedder.dim, 0, 0, torch.zeros(self.embedder.dim, self.embedder.dim, dtype=torch.float64)
+            d, n, m, total = (
+                self.embedder.dim,
+                0,
+                0,
+                torch.zeros(self.embedder.dim, self.embedder.dim, dtype=torch.float64),
+            )
             for sk in self._skills.values():
                 if sk.cov is not None:  # a running sum: no (skills, d, d) stack at 1,000 skills
                     total += sk.cov.double()
@@ -332,7 +360,13 @@ class Router:
         with self._lock:
             if self._dirty:
                 self._rebuild()
-            index, mix_index, white, owners, skills = self._index, self._mix_index, self._white, self._owners, dict(self._skills)
+            index, mix_index, white, owners, skills = (
+                self._index,
+                self._mix_index,
+                self._white,
+                self._owners,
+                dict(self._skills),
+            )
             white_thr = self._white_thr
         n = len(f.emb)
         if not owners:
@@ -343,16 +377,24 @@ class Router:
         if sapt and f.pooled is None:
             raise ValueError("router mode sapt routes on pooled token embeddings: use features()/route()")
         grams = f.grams if s.format.enabled and open_set else None
-        depth = min(len(owners), max(k, s.format.candidates)) if grams is not None else k  # slots whose owners are checked
+        depth = (
+            min(len(owners), max(k, s.format.candidates)) if grams is not None else k
+        )  # slots whose owners are checked
         emb = np.ascontiguousarray(f.emb, dtype=np.float32)
         # raw key scores: the gate, and also the mix unless whitened scores or SAPT attention make it
         raw_depth = depth if grams is not None or (mix_index is None and not sapt) else 1
         scores, ids = index.search(self._query_vectors(emb), raw_depth)
-        m_scores, m_ids = mix_index.search(self._white_rows(emb, white), depth) if mix_index is not None and white is not None else (scores, ids)
+        m_scores, m_ids = (
+            mix_index.search(self._white_rows(emb, white), depth)
+            if mix_index is not None and white is not None
+            else (scores, ids)
+        )
         state = self.sapt_state() if sapt else None
         attention = state.attention(f.pooled).numpy() if state is not None and f.pooled is not None else None
 
-        def gate(i: int, mj: int, rj: int) -> tuple[float, float]:  # (score, threshold) of request i's slots at these ranks
+        def gate(
+            i: int, mj: int, rj: int
+        ) -> tuple[float, float]:  # (score, threshold) of request i's slots at these ranks
             owner = owners[m_ids[i][mj]]
             if owner in white_thr:  # gate in the whitened space, threshold re-derived with W
                 return float(m_scores[i][mj]), white_thr[owner]
@@ -363,7 +405,9 @@ class Router:
             best, threshold = gate(i, 0, 0)
             keep = list(range(k))
             rejected: set[str] = set()
-            if grams is not None and best >= threshold:  # resembles some skill: drop the slots of skills whose prompt text it lacks
+            if (
+                grams is not None and best >= threshold
+            ):  # resembles some skill: drop the slots of skills whose prompt text it lacks
                 cands = list(dict.fromkeys(owners[sid] for sid in (*m_ids[i], *ids[i]) if sid >= 0))
                 rejected = {c for c, ok in zip(cands, accepts_each(grams[i], [skills[c].fmt for c in cands])) if not ok}
                 keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and owners[sid] not in rejected]
@@ -378,7 +422,13 @@ class Router:
                 out.append(self._sapt_decision(state.names, attention[i], best, rejected))
             else:
                 top = keep[:k]
-                out.append(Decision(route=self._mix(self._slot_weights(m_scores[i][top], m_ids[i][top], owners)), reason="matched", score=best))
+                out.append(
+                    Decision(
+                        route=self._mix(self._slot_weights(m_scores[i][top], m_ids[i][top], owners)),
+                        reason="matched",
+                        score=best,
+                    )
+                )
         return out
 
     def _sapt_decision(self, names: list[str], attention: np.ndarray, best: float, rejected: set[str]) -> Decision:
@@ -386,8 +436,14 @@ class Router:
             return Decision(route=[], reason="no_skills", score=best)
         if rejected:  # skills the format gate turned down get no share of the attention
             attention = np.where([nm in rejected for nm in names], 0.0, attention)
-        top = np.argpartition(-attention, min(self.settings.top_k, len(names)) - 1)[: self.settings.top_k]  # O(n), not a sort
-        return Decision(route=self._mix({names[j]: float(attention[j]) for j in top if attention[j] > 0}), reason="matched", score=best)
+        top = np.argpartition(-attention, min(self.settings.top_k, len(names)) - 1)[
+            : self.settings.top_k
+        ]  # O(n), not a sort
+        return Decision(
+            route=self._mix({names[j]: float(attention[j]) for j in top if attention[j] > 0}),
+            reason="matched",
+            score=best,
+        )
 
     def _slot_weights(self, scores: np.ndarray, ids: np.ndarray, owners: list[str]) -> dict[str, float]:
         """JARe: temperature softmax over the retrieved slots' scores, summed per skill."""

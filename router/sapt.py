@@ -16,6 +16,7 @@ mean attention over its own held-out inputs, stored right after τ was learned.
 State is functional: `learn` returns a new `SAPTState`; a live router is only changed when the new
 skill is registered.
 """
+
 from __future__ import annotations
 
 import copy
@@ -83,7 +84,9 @@ class TokenPooler:
     def __call__(self, texts: Sequence[str]) -> torch.Tensor:
         out = torch.empty(len(texts), self.dim)
         for i, text in enumerate(texts):  # one text at a time: no padding exists to leak into the max
-            ids = self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=self.max_tokens)["input_ids"]
+            ids = self.tokenizer(text, add_special_tokens=False, truncation=True, max_length=self.max_tokens)[
+                "input_ids"
+            ]
             ids = ids or [self.tokenizer.eos_token_id]
             tokens = self.weight[torch.tensor(ids)]
             out[i] = tokens.amax(dim=0) if self.pool == "max" else tokens.mean(dim=0)
@@ -118,7 +121,9 @@ class SAPTState:
                 self.projector = QueryProjector(self.dim, self.settings.hidden)
         self.projector.eval()
 
-    def logits(self, pooled: torch.Tensor, projector: nn.Module | None = None, keys: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(
+        self, pooled: torch.Tensor, projector: nn.Module | None = None, keys: torch.Tensor | None = None
+    ) -> torch.Tensor:
         proj, k = projector or self.projector, self.keys if keys is None else keys
         assert proj is not None and k is not None
         return proj(pooled) @ k.T / (np.sqrt(self.dim) * self.settings.temperature)
@@ -173,20 +178,27 @@ class SAPTState:
         with torch.no_grad():
             return proj(train).mean(0) if len(train) else torch.randn(self.dim, generator=g)
 
-    def arm_targets(self, names: Sequence[str], replay: Mapping[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def arm_targets(
+        self, names: Sequence[str], replay: Mapping[str, torch.Tensor]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(ā_τ over `names`, pooled replay inputs of τ) for every earlier skill τ that has both."""
         # ā_τ is kept by block name, so blocks newer than τ get zero mass (SAPT's zero padding)
         return [
             (torch.tensor([self.mean_attention[n].get(m, 0.0) for m in names]), replay[n])
-            for n in names[:-1] if n in self.mean_attention and n in replay and len(replay[n])
+            for n in names[:-1]
+            if n in self.mean_attention and n in replay and len(replay[n])
         ]
 
-    def arm_loss(self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], proj: nn.Module, keys: torch.Tensor) -> torch.Tensor:
+    def arm_loss(
+        self, targets: Sequence[tuple[torch.Tensor, torch.Tensor]], proj: nn.Module, keys: torch.Tensor
+    ) -> torch.Tensor:
         """Attentive reflection: mean over τ of KL(ā_τ ‖ softmax(logits(replay of τ))), before λ."""
-        return torch.stack([
-            F.kl_div(self.logits(x, proj, keys).log_softmax(-1), a.expand(len(x), -1), reduction="batchmean")
-            for a, x in targets
-        ]).mean()
+        return torch.stack(
+            [
+                F.kl_div(self.logits(x, proj, keys).log_softmax(-1), a.expand(len(x), -1), reduction="batchmean")
+                for a, x in targets
+            ]
+        ).mean()
 
     def with_skill(self, names: list[str], keys: torch.Tensor, proj: QueryProjector, inputs: torch.Tensor) -> SAPTState:
         """The state after learning names[-1]: these keys and projector, its ā from `inputs` (held, else train)."""
@@ -210,7 +222,9 @@ class SAPTState:
 
     @staticmethod
     def from_skills(
-        dim: int, settings: SAPTSettings, skills: Sequence[tuple[str, dict[str, torch.Tensor]]],
+        dim: int,
+        settings: SAPTSettings,
+        skills: Sequence[tuple[str, dict[str, torch.Tensor]]],
         mean_attention: dict[str, dict[str, float]] | None = None,
     ) -> SAPTState:
         """Rebuild the shared state from stored skills; the projector is the one saved with the most blocks.
@@ -223,7 +237,9 @@ class SAPTState:
             return state
         newest = max(range(len(usable)), key=lambda i: (int(usable[i][1]["sapt_blocks"][0]), i))
         assert state.projector is not None
-        state.projector.load_state_dict({k[len(PROJ_PREFIX):]: v.float() for k, v in usable[newest][1].items() if k.startswith(PROJ_PREFIX)})
+        state.projector.load_state_dict(
+            {k[len(PROJ_PREFIX) :]: v.float() for k, v in usable[newest][1].items() if k.startswith(PROJ_PREFIX)}
+        )
         state.names = [n for n, _ in usable]
         state.keys = torch.stack([t["sapt_key"].float() for _, t in usable])
         state.mean_attention = {n: dict(a) for n, a in (mean_attention or {}).items() if n in state.names}

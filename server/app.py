@@ -1,4 +1,5 @@
 """FastAPI app: /v1/chat/completions, /v1/models, /tasks, /healthz, /metrics."""
+
 from __future__ import annotations
 
 import asyncio
@@ -59,7 +60,12 @@ def _target(c: Components, model: str) -> str:
         return "base"
     if c.pool.get(model) is not None:
         return model
-    raise APIError(404, f"The model '{model}' does not exist (use 'auto', '{c.base.model_id}' or a skill name)", "model", "model_not_found")
+    raise APIError(
+        404,
+        f"The model '{model}' does not exist (use 'auto', '{c.base.model_id}' or a skill name)",
+        "model",
+        "model_not_found",
+    )
 
 
 def create_app(c: Components) -> FastAPI:
@@ -74,7 +80,14 @@ def create_app(c: Components) -> FastAPI:
         if c.cfg.api_key and (path.startswith("/v1") or path.startswith("/tasks")):
             if request.headers.get("authorization") != f"Bearer {c.cfg.api_key}":
                 return JSONResponse(
-                    {"error": {"message": "invalid or missing API key", "type": "authentication_error", "param": None, "code": "invalid_api_key"}},
+                    {
+                        "error": {
+                            "message": "invalid or missing API key",
+                            "type": "authentication_error",
+                            "param": None,
+                            "code": "invalid_api_key",
+                        }
+                    },
                     status_code=401,
                 )
         t0 = time.perf_counter()
@@ -88,7 +101,12 @@ def create_app(c: Components) -> FastAPI:
     # --- health & metrics ---------------------------------------------------------------------
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "model": c.base.model_id, "skills": len(c.pool.records()), "uptime_s": round(time.time() - c.started, 1)}
+        return {
+            "status": "ok",
+            "model": c.base.model_id,
+            "skills": len(c.pool.records()),
+            "uptime_s": round(time.time() - c.started, 1),
+        }
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -160,7 +178,9 @@ def create_app(c: Components) -> FastAPI:
         try:
             c.scheduler.submit(p)
         except QueueFull:
-            raise APIError(503, "the server is busy: too many requests waiting, retry later", None, "server_busy") from None
+            raise APIError(
+                503, "the server is busy: too many requests waiting, retry later", None, "server_busy"
+            ) from None
         t0 = time.perf_counter()
         try:
             kind, decision = await p.events.get()
@@ -201,8 +221,14 @@ def create_app(c: Components) -> FastAPI:
         async for ev in _events(p, t0):
             parts.append(ev.text)
             finish, ntok = ev.finish_reason or finish, ev.tokens
-        usage = {"prompt_tokens": len(p.prompt_ids), "completion_tokens": ntok, "total_tokens": len(p.prompt_ids) + ntok}
-        return JSONResponse(chat_completion(completion_id(), params.model, "".join(parts), finish, usage, d), headers=headers)
+        usage = {
+            "prompt_tokens": len(p.prompt_ids),
+            "completion_tokens": ntok,
+            "total_tokens": len(p.prompt_ids) + ntok,
+        }
+        return JSONResponse(
+            chat_completion(completion_id(), params.model, "".join(parts), finish, usage, d), headers=headers
+        )
 
     async def _stream(p: Pending, params: ChatParams, d: Decision, t0: float) -> AsyncIterator[str]:
         cid, created = completion_id(), int(time.time())
@@ -210,7 +236,9 @@ def create_app(c: Components) -> FastAPI:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
-        yield sse(chat_chunk(cid, params.model, created, {"role": "assistant", "content": ""}, skillpool=route_field(d)))
+        yield sse(
+            chat_chunk(cid, params.model, created, {"role": "assistant", "content": ""}, skillpool=route_field(d))
+        )
         ntok = 0
         try:
             async for ev in _events(p, t0):
@@ -221,10 +249,23 @@ def create_app(c: Components) -> FastAPI:
                     yield sse(chat_chunk(cid, params.model, created, {}, ev.finish_reason))
         except Exception as e:  # headers are gone: report in-band, as OpenAI does
             log.exception("stream failed")
-            yield sse({"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None, "code": "internal_error"}})
+            yield sse(
+                {
+                    "error": {
+                        "message": f"generation failed: {e}",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "internal_error",
+                    }
+                }
+            )
             return
         if params.include_usage:
-            usage = {"prompt_tokens": len(p.prompt_ids), "completion_tokens": ntok, "total_tokens": len(p.prompt_ids) + ntok}
+            usage = {
+                "prompt_tokens": len(p.prompt_ids),
+                "completion_tokens": ntok,
+                "total_tokens": len(p.prompt_ids) + ntok,
+            }
             yield sse(chat_chunk(cid, params.model, created, None, usage=usage))
         yield "data: [DONE]\n\n"
 
@@ -236,7 +277,12 @@ def create_app(c: Components) -> FastAPI:
             raise APIError(413, f"upload is larger than {c.cfg.max_upload_bytes} bytes", "file", "file_too_large")
         ctype = request.headers.get("content-type", "")
         if not ctype.startswith("multipart/form-data"):
-            raise APIError(400, "POST /tasks takes multipart/form-data with fields 'file' (JSONL) and 'name'", None, "invalid_content_type")
+            raise APIError(
+                400,
+                "POST /tasks takes multipart/form-data with fields 'file' (JSONL) and 'name'",
+                None,
+                "invalid_content_type",
+            )
         form = await request.form(max_part_size=c.cfg.max_upload_bytes + 1)
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
@@ -275,11 +321,25 @@ def create_app(c: Components) -> FastAPI:
             examples = await asyncio.to_thread(parse_jsonl, data, c.cfg.min_upload_examples, c.cfg.max_upload_examples)
         except DatasetError as e:
             raise APIError(
-                400, str(e), "file", "invalid_dataset", errors=[{"line": x.line, "field": x.field, "message": x.message} for x in e.errors]
+                400,
+                str(e),
+                "file",
+                "invalid_dataset",
+                errors=[{"line": x.line, "field": x.field, "message": x.message} for x in e.errors],
             ) from None
         if c.jobs.depth() >= c.cfg.max_pending_jobs:
-            raise APIError(429, f"{c.jobs.depth()} training jobs are already pending; retry later", None, "too_many_jobs")
-        job = Job(id=new_job_id(), skill=name, method=method, config=cfg.to_dict(), status="validating", examples=len(examples), force=force)
+            raise APIError(
+                429, f"{c.jobs.depth()} training jobs are already pending; retry later", None, "too_many_jobs"
+            )
+        job = Job(
+            id=new_job_id(),
+            skill=name,
+            method=method,
+            config=cfg.to_dict(),
+            status="validating",
+            examples=len(examples),
+            force=force,
+        )
         c.jobs.submit(job, examples, cfg)
         return JSONResponse(job.to_dict(), status_code=202)
 

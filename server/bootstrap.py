@@ -1,4 +1,5 @@
 """Wiring: build the store, engine, router, skill pool, trainer queue and scheduler from a config."""
+
 from __future__ import annotations
 
 import logging
@@ -35,9 +36,15 @@ def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
     return run
 
 
-def make_router(settings: RouterSettings, base: BaseModel, embedder: Embedder | None = None, device: str | None = None) -> Router:
+def make_router(
+    settings: RouterSettings, base: BaseModel, embedder: Embedder | None = None, device: str | None = None
+) -> Router:
     """The router for these settings (MiniLM on `device`); sapt also reads the base model's token-embedding table."""
-    pooler = TokenPooler.from_checkpoint(base.path, settings.sapt.max_tokens, settings.sapt.pool) if settings.mode == "sapt" else None
+    pooler = (
+        TokenPooler.from_checkpoint(base.path, settings.sapt.max_tokens, settings.sapt.pool)
+        if settings.mode == "sapt"
+        else None
+    )
     return Router(embedder or SentenceEmbedder(device=device), settings, pooler)
 
 

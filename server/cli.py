@@ -1,4 +1,5 @@
 """`skillpool` command line: `skillpool serve ...`."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,19 +17,41 @@ from .config import ServerConfig
 
 def _router_arguments(p: argparse.ArgumentParser) -> None:
     r = RouterSettings()
-    p.add_argument("--router-mode", choices=MODES, default=r.mode, help="dtkr (SLM keys), sapt (query projector) or centroid (baseline)")
+    p.add_argument(
+        "--router-mode",
+        choices=MODES,
+        default=r.mode,
+        help="dtkr (SLM keys), sapt (query projector) or centroid (baseline)",
+    )
     p.add_argument("--router-keys", type=int, default=r.n_keys, help="keys per skill")
     p.add_argument("--router-top-k", type=int, default=r.top_k)
     p.add_argument("--router-temperature", type=float, default=r.temperature)
     p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
     p.add_argument("--router-threshold-margin", type=float, default=r.threshold_margin)
-    p.add_argument("--router-white-threshold-percentile", type=float, default=r.white_threshold_percentile,
-                   help="dtkr: gate percentile of a skill's own inputs' whitened scores")
-    p.add_argument("--router-white-threshold-margin", type=float, default=r.white_threshold_margin,
-                   help="dtkr: ... minus this margin (larger: fewer of a skill's own requests fall back, more unseen ones pass)")
-    p.add_argument("--router-format-gate", choices=("on", "off"), default="on" if r.format.enabled else "off",
-                   help="send a request to the base model when it lacks the fixed prompt text of every skill it resembles")
-    p.add_argument("--sapt-replay", choices=REPLAY_SOURCES, default=r.sapt.replay, help="sapt: replay the stored real samples or generated pseudo inputs")
+    p.add_argument(
+        "--router-white-threshold-percentile",
+        type=float,
+        default=r.white_threshold_percentile,
+        help="dtkr: gate percentile of a skill's own inputs' whitened scores",
+    )
+    p.add_argument(
+        "--router-white-threshold-margin",
+        type=float,
+        default=r.white_threshold_margin,
+        help="dtkr: ... minus this margin (larger: fewer of a skill's own requests fall back, more unseen ones pass)",
+    )
+    p.add_argument(
+        "--router-format-gate",
+        choices=("on", "off"),
+        default="on" if r.format.enabled else "off",
+        help="send a request to the base model when it lacks the fixed prompt text of every skill it resembles",
+    )
+    p.add_argument(
+        "--sapt-replay",
+        choices=REPLAY_SOURCES,
+        default=r.sapt.replay,
+        help="sapt: replay the stored real samples or generated pseudo inputs",
+    )
     p.add_argument("--sapt-lambda", type=float, default=r.sapt.arm_lambda, help="sapt: weight of attentive reflection")
 
 
@@ -54,25 +77,44 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--data-dir", type=Path, default=d.data_dir, help="skill store, jobs (default ./data)")
-    p.add_argument("--model", type=Path, default=None, help="local Hugging Face LLaMA-family checkpoint (default: packaged SmolLM2-135M-Instruct)")
-    p.add_argument("--api-key", default=os.environ.get("SKILLPOOL_API_KEY"), help="require this bearer token (env SKILLPOOL_API_KEY)")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="local Hugging Face LLaMA-family checkpoint (default: packaged SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("SKILLPOOL_API_KEY"),
+        help="require this bearer token (env SKILLPOOL_API_KEY)",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--batch-window-ms", type=float, default=d.batch_window_s * 1000)
     p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
     p.add_argument("--max-waiting", type=int, default=d.max_waiting)
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     _router_arguments(p)
-    p.add_argument("--redis-url", default=os.environ.get("SKILLPOOL_REDIS_URL"), help="job queue and skill events in Redis (env SKILLPOOL_REDIS_URL)")
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("SKILLPOOL_REDIS_URL"),
+        help="job queue and skill events in Redis (env SKILLPOOL_REDIS_URL)",
+    )
     p.add_argument("--redis-prefix", default=d.redis_prefix)
-    p.add_argument("--no-trainer", action="store_true", help="with --redis-url: only enqueue; `skillpool worker` trains")
+    p.add_argument(
+        "--no-trainer", action="store_true", help="with --redis-url: only enqueue; `skillpool worker` trains"
+    )
     p.add_argument("--log-level", default="info")
 
 
 def _worker_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("worker", help="run a trainer worker that pulls jobs from Redis and writes to a shared store")
-    p.add_argument("--redis-url", default=os.environ.get("SKILLPOOL_REDIS_URL"), required=not os.environ.get("SKILLPOOL_REDIS_URL"))
+    p.add_argument(
+        "--redis-url", default=os.environ.get("SKILLPOOL_REDIS_URL"), required=not os.environ.get("SKILLPOOL_REDIS_URL")
+    )
     p.add_argument("--redis-prefix", default=ServerConfig().redis_prefix)
-    p.add_argument("--data-dir", type=Path, default=ServerConfig().data_dir, help="the skill store shared with the servers")
+    p.add_argument(
+        "--data-dir", type=Path, default=ServerConfig().data_dir, help="the skill store shared with the servers"
+    )
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--device", default=None)
     _router_arguments(p)
@@ -96,9 +138,15 @@ def _worker(args: argparse.Namespace) -> int:
     base = resolve_base_model(args.model)
     store = SkillStore(args.data_dir)
     # the worker's router only prepares keys; it re-reads the shared store before each sapt job
-    trainer = SkillTrainer(store, make_router(_router_settings(args), base, device=args.device), base, device=args.device, sync_router=True)
+    trainer = SkillTrainer(
+        store, make_router(_router_settings(args), base, device=args.device), base, device=args.device, sync_router=True
+    )
     queue = RedisJobQueue(args.redis_url, make_runner(trainer, Metrics()), prefix=args.redis_prefix)
-    print(f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}", file=sys.stderr, flush=True)
+    print(
+        f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}",
+        file=sys.stderr,
+        flush=True,
+    )
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
@@ -136,7 +184,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     components = build_components(cfg)
     app = create_app(components)
-    print(f"skillpool: serving {components.base.model_id} with {len(components.pool.records())} skill(s) on http://{cfg.host}:{cfg.port}", file=sys.stderr, flush=True)
+    print(
+        f"skillpool: serving {components.base.model_id} with {len(components.pool.records())} skill(s) on http://{cfg.host}:{cfg.port}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower())
     finally:
@@ -145,17 +197,25 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="skillpool", description="An OpenAI-compatible server over a growing pool of LoRA skills")
+    parser = argparse.ArgumentParser(
+        prog="skillpool", description="An OpenAI-compatible server over a growing pool of LoRA skills"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _worker_parser(sub)
     from .follow import add_arguments as upload_arguments
 
-    upload_arguments(sub.add_parser("upload", help="upload a task file to a running server and follow the training job"))
-    ev = sub.add_parser("eval", help="benchmarks that are part of the product").add_subparsers(dest="what", required=True)
+    upload_arguments(
+        sub.add_parser("upload", help="upload a task file to a running server and follow the training job")
+    )
+    ev = sub.add_parser("eval", help="benchmarks that are part of the product").add_subparsers(
+        dest="what", required=True
+    )
     from skillpool.router.evaluation import add_arguments as routing_arguments
 
-    routing_arguments(ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each"))
+    routing_arguments(
+        ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each")
+    )
     from .eval_continual import add_arguments as continual_arguments
 
     continual_help = "learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines"

@@ -1,4 +1,5 @@
 """Server settings (CLI flags map 1:1 onto these fields)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,6 +5,7 @@ own LoRA mix (set once for the whole batch, reused for every generated token), i
 parameters, stop strings and token budget. Rows that finish early are masked out of sampling and
 their tokens are ignored; the batch ends when every row has finished.
 """
+
 from __future__ import annotations
 
 import logging
@@ -170,7 +171,11 @@ class HFEngine:
                 break
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
             out = self.model(
-                input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache, use_cache=True
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
             )
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1

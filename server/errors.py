@@ -1,4 +1,5 @@
 """Errors in the OpenAI envelope: {"error": {"message", "type", "param", "code"}} with the right status."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,13 +24,25 @@ _TYPES = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any) -> None:
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.extra = status, message, param, code, extra
 
 
-def envelope(status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code, **extra}}
+def envelope(
+    status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code,
+            **extra,
+        }
+    }
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -56,4 +69,6 @@ def install_handlers(app: Any) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(envelope(500, f"internal error: {type(exc).__name__}", None, "internal_error"), status_code=500)
+        return JSONResponse(
+            envelope(500, f"internal error: {type(exc).__name__}", None, "internal_error"), status_code=500
+        )

@@ -9,6 +9,7 @@ the server stops: `seq` one LoRA fine-tuned on the tasks in turn, `mtl` one LoRA
 FWT needs ã_i (task i trained alone): the isolated method's oracle diagonal; for other methods it is
 read from an isolated run's JSON (--reference) or trained here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,14 +47,24 @@ def _read_rows(path: Path, limit: int | None) -> bytes:
     return "\n".join(lines[:limit] if limit else lines).encode()
 
 
-def load_tasks(folders: list[Path], train_limit: int | None, test_limit: int | None, metric: str, cfg: TrainConfig) -> list[Task]:
+def load_tasks(
+    folders: list[Path], train_limit: int | None, test_limit: int | None, metric: str, cfg: TrainConfig
+) -> list[Task]:
     tasks = []
     for folder in folders:
         body = _read_rows(folder / "train.jsonl", train_limit)
         examples = parse_jsonl(body)
         test = parse_jsonl(_read_rows(folder / "test.jsonl", test_limit))
         answers = [e["answer"] for e in examples]
-        tasks.append(Task(folder.name.lower(), body, split_examples(examples, cfg)[0], test, metric_for(answers) if metric == "auto" else metric))
+        tasks.append(
+            Task(
+                folder.name.lower(),
+                body,
+                split_examples(examples, cfg)[0],
+                test,
+                metric_for(answers) if metric == "auto" else metric,
+            )
+        )
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise SystemExit(f"task names must be unique: {names}")
@@ -72,7 +83,9 @@ def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[st
     """(answers, x-skillpool-route headers), sent concurrently so the server batches them."""
 
     def one(ex: dict[str, Any]) -> tuple[str, str]:
-        raw = client.chat.completions.with_raw_response.create(model=model, messages=ex["messages"], temperature=0, max_tokens=task.budget)
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=ex["messages"], temperature=0, max_tokens=task.budget
+        )
         return raw.parse().choices[0].message.content or "", raw.headers.get("x-skillpool-route", "")
 
     with cf.ThreadPoolExecutor(concurrency) as pool:
@@ -84,7 +97,9 @@ def _score(task: Task, answers: list[str]) -> float:
     return 100 * mean_score(task.metric, answers, [e["answer"] for e in task.test])
 
 
-def run_server_sequence(args: argparse.Namespace, tasks: list[Task], cfg: TrainConfig, data_dir: Path) -> dict[str, Any]:
+def run_server_sequence(
+    args: argparse.Namespace, tasks: list[Task], cfg: TrainConfig, data_dir: Path
+) -> dict[str, Any]:
     import httpx
     from openai import OpenAI
 
@@ -102,14 +117,26 @@ def run_server_sequence(args: argparse.Namespace, tasks: list[Task], cfg: TrainC
     with ServerProcess(data_dir, extra) as srv:
         client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=1800)
         for j, task in enumerate(tasks):
-            data = {"name": task.name, "method": args.method, "config": json.dumps(cfg.to_dict()), "force": str(args.force).lower()}
-            r = httpx.post(srv.url + "/tasks", files={"file": (f"{task.name}.jsonl", task.train_body)}, data=data, timeout=300)
+            data = {
+                "name": task.name,
+                "method": args.method,
+                "config": json.dumps(cfg.to_dict()),
+                "force": str(args.force).lower(),
+            }
+            r = httpx.post(
+                srv.url + "/tasks", files={"file": (f"{task.name}.jsonl", task.train_body)}, data=data, timeout=300
+            )
             if r.status_code != 202:
                 raise SystemExit(f"upload of {task.name} refused: {r.status_code} {r.text}")
             job = follow(srv.url, r.json()["id"], f"[{j + 1}/{t}] {task.name} ({args.method})")
-            jobs.append({k: job.get(k) for k in ("skill", "status", "error", "eval", "progress", "started_at", "finished_at")})
+            jobs.append(
+                {k: job.get(k) for k in ("skill", "status", "error", "eval", "progress", "started_at", "finished_at")}
+            )
             if job["status"] != "succeeded":
-                raise RuntimeError(f"training {task.name} ended {job['status']}: {job.get('error')}" + ("" if args.force else " (--force registers anyway)"))
+                raise RuntimeError(
+                    f"training {task.name} ended {job['status']}: {job.get('error')}"
+                    + ("" if args.force else " (--force registers anyway)")
+                )
             t0 = time.perf_counter()
             for i in range(j + 1):  # model=auto: what a user gets, after every task
                 answers, headers = _ask(client, "auto", tasks[i], args.concurrency)
@@ -119,12 +146,24 @@ def run_server_sequence(args: argparse.Namespace, tasks: list[Task], cfg: TrainC
             for jj in range(j, t):
                 oracle[jj][j] = _score(task, answers)
             eval_s += time.perf_counter() - t0
-            print(f"after {task.name}: " + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1)), flush=True)
+            print(
+                f"after {task.name}: " + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1)),
+                flush=True,
+            )
     train_s = sum((jb["finished_at"] or 0) - (jb["started_at"] or 0) for jb in jobs)
     tokens = sum(int((jb["progress"] or {}).get("tokens") or 0) for jb in jobs)
     return {
-        "matrix": matrix, "oracle_matrix": oracle, "routed_to_own_skill": routed, "jobs": jobs, "router_mode": mode,
-        "time": {"train_s": round(train_s, 1), "eval_s": round(eval_s, 1), "train_tokens": tokens, "train_tokens_per_s": round(tokens / max(train_s, 1e-9), 1)},
+        "matrix": matrix,
+        "oracle_matrix": oracle,
+        "routed_to_own_skill": routed,
+        "jobs": jobs,
+        "router_mode": mode,
+        "time": {
+            "train_s": round(train_s, 1),
+            "eval_s": round(eval_s, 1),
+            "train_tokens": tokens,
+            "train_tokens_per_s": round(tokens / max(train_s, 1e-9), 1),
+        },
     }
 
 
@@ -257,25 +296,35 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         rows: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
         rows[-1] = list(final)
         result["baselines"]["mtl"] = _with_metrics(rows, None)
-    result.update({
-        "tasks": [t.name for t in tasks],
-        "metrics": {t.name: t.metric for t in tasks},
-        "single_task": {t.name: s for t, s in zip(tasks, single)},
-        "routed_to_own_skill": server["routed_to_own_skill"],
-        "jobs": server["jobs"],
-        "router_mode": server["router_mode"],
-        "time": {
-            **server["time"],
-            "baseline_train_s": round(bl.train_s, 1), "baseline_train_tokens": bl.tokens,
-            "baseline_tokens_per_s": round(bl.tokens / bl.train_s, 1) if bl.train_s else None,
-            "total_s": round(time.perf_counter() - t_start, 1),
-        },
-        "config": {
-            "tasks": [str(p) for p in args.tasks], "method": args.method, "train_limit": args.train_limit, "test_limit": args.test_limit,
-            "train_config": cfg.to_dict(), "metric": args.metric, "max_new_tokens": args.max_new_tokens, "model": base.model_id,
-            "force": args.force, "data_dir": str(data_dir),
-        },
-    })
+    result.update(
+        {
+            "tasks": [t.name for t in tasks],
+            "metrics": {t.name: t.metric for t in tasks},
+            "single_task": {t.name: s for t, s in zip(tasks, single)},
+            "routed_to_own_skill": server["routed_to_own_skill"],
+            "jobs": server["jobs"],
+            "router_mode": server["router_mode"],
+            "time": {
+                **server["time"],
+                "baseline_train_s": round(bl.train_s, 1),
+                "baseline_train_tokens": bl.tokens,
+                "baseline_tokens_per_s": round(bl.tokens / bl.train_s, 1) if bl.train_s else None,
+                "total_s": round(time.perf_counter() - t_start, 1),
+            },
+            "config": {
+                "tasks": [str(p) for p in args.tasks],
+                "method": args.method,
+                "train_limit": args.train_limit,
+                "test_limit": args.test_limit,
+                "train_config": cfg.to_dict(),
+                "metric": args.metric,
+                "max_new_tokens": args.max_new_tokens,
+                "model": base.model_id,
+                "force": args.force,
+                "data_dir": str(data_dir),
+            },
+        }
+    )
     return result
 
 
@@ -294,8 +343,10 @@ def print_table(result: dict[str, Any]) -> None:
     for label, m in [(result["method"], result), *result["baselines"].items()]:
         print(f"{label:<10}" + "".join(f"{_fmt(m.get(k)):>8}" for k in ("AP", "F.Ra", "FWT", "BWT")))
     tm = result["time"]
-    print(f"\ntime: total {tm['total_s']:.0f}s; method training {tm['train_s']:.0f}s at {tm['train_tokens_per_s']:.0f} tok/s, "
-          f"routed eval {tm['eval_s']:.0f}s; baselines training {tm['baseline_train_s']:.0f}s")
+    print(
+        f"\ntime: total {tm['total_s']:.0f}s; method training {tm['train_s']:.0f}s at {tm['train_tokens_per_s']:.0f} tok/s, "
+        f"routed eval {tm['eval_s']:.0f}s; baselines training {tm['baseline_train_s']:.0f}s"
+    )
 
 
 def plot(result: dict[str, Any], folder: Path) -> list[Path]:
@@ -308,7 +359,9 @@ def plot(result: dict[str, Any], folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     names = result["tasks"]
     out = []
-    panels = [(result["method"], result["matrix"])] + [(n, b["matrix"]) for n, b in result["baselines"].items() if n != "mtl"]
+    panels = [(result["method"], result["matrix"])] + [
+        (n, b["matrix"]) for n, b in result["baselines"].items() if n != "mtl"
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(1 + 3.2 * len(panels), 3.6), squeeze=False)
     for ax, (label, m) in zip(axes[0], panels):
         arr = np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)
@@ -345,18 +398,32 @@ def plot(result: dict[str, Any], folder: Path) -> list[Path]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", type=Path, nargs="+", required=True, help="task folders (train.jsonl, test.jsonl), learned in this order")
+    p.add_argument(
+        "--tasks",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="task folders (train.jsonl, test.jsonl), learned in this order",
+    )
     p.add_argument("--method", choices=METHODS, default="isolated")
     p.add_argument("--train-limit", type=int, default=None, help="first N training rows per task (default: all)")
     p.add_argument("--test-limit", type=int, default=None, help="first N test rows per task (default: all)")
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--plots", type=Path, default=None)
     p.add_argument("--baselines", default="oracle,seq,mtl", help=f"comma list of {', '.join(BASELINES)} (empty: none)")
-    p.add_argument("--config", default="{}", help="training hyperparameters for every task (JSON, as POST /tasks takes)")
-    p.add_argument("--metric", choices=METRICS, default="auto", help="auto: exact match for label tasks, ROUGE-L otherwise")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="cap on the answer length (each task: its longest answer + 8)")
+    p.add_argument(
+        "--config", default="{}", help="training hyperparameters for every task (JSON, as POST /tasks takes)"
+    )
+    p.add_argument(
+        "--metric", choices=METRICS, default="auto", help="auto: exact match for label tasks, ROUGE-L otherwise"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=64, help="cap on the answer length (each task: its longest answer + 8)"
+    )
     p.add_argument("--router-mode", default=None, help="default: sapt for --method sapt, else dtkr")
-    p.add_argument("--reference", type=Path, default=None, help="an isolated run's JSON: its single-task scores give FWT")
+    p.add_argument(
+        "--reference", type=Path, default=None, help="an isolated run's JSON: its single-task scores give FWT"
+    )
     p.add_argument("--force", action="store_true", help="register skills even when the quality gate fails")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--data-dir", type=Path, default=None, help="the server's data dir (default: a fresh temp dir)")

@@ -1,5 +1,6 @@
 """Command-line side of training jobs: upload a task file to a running server and follow the job with a
 progress bar (step, loss, tokens/s, ETA) until it ends."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,9 @@ from typing import Any
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-def follow(url: str, job_id: str, label: str, headers: dict[str, str] | None = None, poll_s: float = 2.0) -> dict[str, Any]:
+def follow(
+    url: str, job_id: str, label: str, headers: dict[str, str] | None = None, poll_s: float = 2.0
+) -> dict[str, Any]:
     """Poll GET /tasks/{id}, drawing a tqdm bar, until the job reaches a terminal state; return the job."""
     import httpx
     from tqdm import tqdm
@@ -24,7 +27,9 @@ def follow(url: str, job_id: str, label: str, headers: dict[str, str] | None = N
             p = job.get("progress") or {}
             if p.get("total"):
                 bar.total, bar.n = p["total"], p.get("step") or 0
-                bar.set_postfix(loss=f"{p.get('loss') or 0:.3f}", tok_s=f"{p.get('tokens_per_s') or 0:.0f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{p.get('loss') or 0:.3f}", tok_s=f"{p.get('tokens_per_s') or 0:.0f}", refresh=False
+                )
                 bar.refresh()
             if job["status"] in TERMINAL:
                 return job
@@ -52,7 +57,13 @@ def run(args: argparse.Namespace) -> int:
     data = {"name": args.name, "config": args.config, "force": str(args.force).lower()}
     if args.method:
         data["method"] = args.method
-    r = httpx.post(f"{args.url}/tasks", files={"file": (args.file.name, args.file.read_bytes())}, data=data, headers=headers, timeout=300)
+    r = httpx.post(
+        f"{args.url}/tasks",
+        files={"file": (args.file.name, args.file.read_bytes())},
+        data=data,
+        headers=headers,
+        timeout=300,
+    )
     if r.status_code != 202:
         print(f"upload refused ({r.status_code}): {r.text}", file=sys.stderr)
         return 1

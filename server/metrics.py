@@ -1,4 +1,5 @@
 """Prometheus metrics (skillpool_ prefix, base units, _total counters), one registry per app."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -10,22 +11,67 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("skillpool_requests_total", "HTTP requests", ["endpoint", "status"], registry=r)
-        self.request_seconds = Histogram("skillpool_request_duration_seconds", "End-to-end request latency", ["endpoint"], buckets=_LATENCY, registry=r)
-        self.ttft = Histogram("skillpool_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY, registry=r)
-        self.inter_token = Histogram("skillpool_inter_token_seconds", "Mean time between generated tokens per request", buckets=_LATENCY, registry=r)
+        self.request_seconds = Histogram(
+            "skillpool_request_duration_seconds",
+            "End-to-end request latency",
+            ["endpoint"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "skillpool_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY, registry=r
+        )
+        self.inter_token = Histogram(
+            "skillpool_inter_token_seconds",
+            "Mean time between generated tokens per request",
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.tokens = Counter("skillpool_tokens_total", "Tokens processed", ["kind"], registry=r)
-        self.route_decisions = Counter("skillpool_route_decisions_total", "Requests routed, per skill (top-1) and reason", ["skill", "reason"], registry=r)
-        self.route_weight = Counter("skillpool_route_weight_total", "Sum of mix weights given to each skill", ["skill"], registry=r)
-        self.fallbacks = Counter("skillpool_route_fallbacks_total", "Auto-routed requests served by the base model", ["reason"], registry=r)
-        self.router_seconds = Histogram("skillpool_router_latency_seconds", "Router latency per batch", buckets=_LATENCY, registry=r)
-        self.router_score = Histogram("skillpool_router_score", "Best key cosine score per routed request", buckets=[i / 10 for i in range(-2, 11)], registry=r)
-        self.batch_size = Histogram("skillpool_batch_size", "Requests per engine batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.route_decisions = Counter(
+            "skillpool_route_decisions_total",
+            "Requests routed, per skill (top-1) and reason",
+            ["skill", "reason"],
+            registry=r,
+        )
+        self.route_weight = Counter(
+            "skillpool_route_weight_total", "Sum of mix weights given to each skill", ["skill"], registry=r
+        )
+        self.fallbacks = Counter(
+            "skillpool_route_fallbacks_total", "Auto-routed requests served by the base model", ["reason"], registry=r
+        )
+        self.router_seconds = Histogram(
+            "skillpool_router_latency_seconds", "Router latency per batch", buckets=_LATENCY, registry=r
+        )
+        self.router_score = Histogram(
+            "skillpool_router_score",
+            "Best key cosine score per routed request",
+            buckets=[i / 10 for i in range(-2, 11)],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "skillpool_batch_size", "Requests per engine batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
+        )
         self.queue_depth = Gauge("skillpool_queue_depth", "Requests waiting for the engine", registry=r)
         self.running = Gauge("skillpool_requests_running", "Requests in the running batch", registry=r)
         self.skills = Gauge("skillpool_skills", "Skills registered and routable", registry=r)
-        self.training_jobs = Counter("skillpool_training_jobs_total", "Training jobs finished, by status", ["status"], registry=r)
+        self.training_jobs = Counter(
+            "skillpool_training_jobs_total", "Training jobs finished, by status", ["status"], registry=r
+        )
         self.training_queue = Gauge("skillpool_training_jobs_pending", "Training jobs queued or running", registry=r)
         self.training_loss = Gauge("skillpool_training_loss", "Latest smoothed training loss", ["skill"], registry=r)
-        self.training_tokens_per_s = Gauge("skillpool_training_tokens_per_second", "Training throughput", ["skill"], registry=r)
-        self.routing_accuracy = Gauge("skillpool_routing_accuracy", "Share of a skill's held-out probe prompts routed to it (top-1)", ["skill"], registry=r)
-        self.skill_eval = Gauge("skillpool_skill_eval_score", "Held-out score of each skill at training time", ["skill", "metric"], registry=r)
+        self.training_tokens_per_s = Gauge(
+            "skillpool_training_tokens_per_second", "Training throughput", ["skill"], registry=r
+        )
+        self.routing_accuracy = Gauge(
+            "skillpool_routing_accuracy",
+            "Share of a skill's held-out probe prompts routed to it (top-1)",
+            ["skill"],
+            registry=r,
+        )
+        self.skill_eval = Gauge(
+            "skillpool_skill_eval_score",
+            "Held-out score of each skill at training time",
+            ["skill", "metric"],
+            registry=r,
+        )

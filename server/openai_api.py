@@ -1,4 +1,5 @@
 """OpenAI chat-completions request parsing and response shapes (no FastAPI here)."""
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,26 @@ from .errors import APIError
 
 _ROLES = {"system", "developer", "user", "assistant"}
 # Accepted and ignored: they do not change what we generate.
-_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options", "modalities", "reasoning_effort"}
-_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "logit_bias", "audio", "prediction", "top_logprobs"}
+_IGNORED = {
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "stream_options",
+    "modalities",
+    "reasoning_effort",
+}
+_UNSUPPORTED = {
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "logit_bias",
+    "audio",
+    "prediction",
+    "top_logprobs",
+}
 
 
 @dataclass(frozen=True)
@@ -48,10 +67,20 @@ def _content(m: dict[str, Any], i: int) -> str:
         parts = []
         for j, part in enumerate(c):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(400, f"messages[{i}].content[{j}]: only text content parts are supported", f"messages[{i}].content", "invalid_value")
+                raise APIError(
+                    400,
+                    f"messages[{i}].content[{j}]: only text content parts are supported",
+                    f"messages[{i}].content",
+                    "invalid_value",
+                )
             parts.append(part["text"])
         return "".join(parts)
-    raise APIError(400, f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content", "invalid_value")
+    raise APIError(
+        400,
+        f"messages[{i}].content must be a string or a list of text parts",
+        f"messages[{i}].content",
+        "invalid_value",
+    )
 
 
 def parse_chat_request(body: Any) -> ChatParams:
@@ -64,7 +93,9 @@ def parse_chat_request(body: Any) -> ChatParams:
         raise APIError(400, "logprobs is not supported by this server", "logprobs", "unsupported_parameter")
     rf = body.get("response_format")
     if rf not in (None, {"type": "text"}):
-        raise APIError(400, "only response_format {'type': 'text'} is supported", "response_format", "unsupported_parameter")
+        raise APIError(
+            400, "only response_format {'type': 'text'} is supported", "response_format", "unsupported_parameter"
+        )
     for key in ("presence_penalty", "frequency_penalty"):
         if body.get(key) not in (None, 0, 0.0):
             raise APIError(400, f"{key} is not supported by this server (use 0)", key, "unsupported_parameter")
@@ -79,7 +110,12 @@ def parse_chat_request(body: Any) -> ChatParams:
     messages = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise APIError(400, f"messages[{i}].role must be one of system, developer, user, assistant", f"messages[{i}].role", "invalid_value")
+            raise APIError(
+                400,
+                f"messages[{i}].role must be one of system, developer, user, assistant",
+                f"messages[{i}].role",
+                "invalid_value",
+            )
         role = "system" if m["role"] == "developer" else m["role"]
         messages.append({"role": role, "content": _content(m, i)})
     if not any(m["role"] == "user" for m in messages):
@@ -120,7 +156,11 @@ def parse_chat_request(body: Any) -> ChatParams:
 
 
 def route_field(d: Decision) -> dict[str, Any]:
-    return {"route": [{"skill": s, "weight": round(w, 4)} for s, w in d.route], "reason": d.reason, "score": round(d.score, 4)}
+    return {
+        "route": [{"skill": s, "weight": round(w, 4)} for s, w in d.route],
+        "reason": d.reason,
+        "score": round(d.score, 4),
+    }
 
 
 def completion_id() -> str:
@@ -133,13 +173,25 @@ def chat_completion(cid: str, model: str, text: str, finish: str, usage: dict[st
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
+        ],
         "usage": usage,
         "system_fingerprint": None,
         "skillpool": route_field(d),
     }
 
 
-def chat_chunk(cid: str, model: str, created: int, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+def chat_chunk(
+    cid: str, model: str, created: int, delta: dict[str, Any] | None, finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices, "system_fingerprint": None, **extra}
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "system_fingerprint": None,
+        **extra,
+    }

@@ -1,4 +1,5 @@
 """Run `skillpool serve` as a child process (benchmarks, end-to-end tests, evaluation drivers)."""
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,9 @@ def free_port() -> int:
 class ServerProcess:
     """`with ServerProcess(data_dir) as srv:` starts a server on a free port and waits for /healthz."""
 
-    def __init__(self, data_dir: Path, extra_args: list[str] | None = None, log_path: Path | None = None, startup_s: float = 300) -> None:
+    def __init__(
+        self, data_dir: Path, extra_args: list[str] | None = None, log_path: Path | None = None, startup_s: float = 300
+    ) -> None:
         self.data_dir, self.extra_args, self.startup_s = Path(data_dir), list(extra_args or []), startup_s
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}-server.log"
         self.port = 0
@@ -40,7 +43,17 @@ class ServerProcess:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skillpool.server.cli", "serve", "--port", str(self.port), "--data-dir", str(self.data_dir), *self.extra_args],
+            [
+                sys.executable,
+                "-m",
+                "skillpool.server.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+                *self.extra_args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -4,6 +4,7 @@ The event loop hands requests to one engine thread. That thread waits up to `win
 first request for more (up to `max_batch`), routes the `auto` ones with a single embedding call,
 and runs the batch; text flows back to each request's asyncio queue as it is generated.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -49,7 +50,9 @@ class QueueFull(Exception):
 
 
 class Scheduler:
-    def __init__(self, engine: HFEngine, router: Router, metrics: Metrics, window_s: float, max_batch: int, max_waiting: int) -> None:
+    def __init__(
+        self, engine: HFEngine, router: Router, metrics: Metrics, window_s: float, max_batch: int, max_waiting: int
+    ) -> None:
         self.engine, self.router, self.metrics = engine, router, metrics
         self.window_s, self.max_batch, self.max_waiting = window_s, max_batch, max_waiting
         self._q: queue.Queue[Pending | None] = queue.Queue()

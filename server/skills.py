@@ -1,4 +1,5 @@
 """The live skill pool: what is registered in the engine and the router, kept in step."""
+
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny randomly-initialized LLaMA with the real SmolLM2 tokenizer, the real MiniLM,
 and access to ../shared/datasets. End-to-end tests are marked `slow` and run with --slow (or CI=true)."""
+
 from __future__ import annotations
 
 import os

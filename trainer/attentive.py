@@ -7,6 +7,7 @@ learned through it. Trainable: block t, its key and (a copy of) the projector; e
 stay frozen. Loss = answer loss of the mixed model + route_weight · CE(logits, t) (the router signal
 `SAPTState.learn` uses alone) + λ · ARM (earlier skills' attention kept in place, as in `learn`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,7 +26,18 @@ from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedA
 from skillpool.router.sapt import QueryProjector, SAPTState, TokenPooler
 
 from .config import TrainConfig
-from .lora_train import Cancelled, Example, Progress, ProgressMeter, _batches, _collate, answer_loss, encode_example, pad_id, warmup_then_decay
+from .lora_train import (
+    Cancelled,
+    Example,
+    Progress,
+    ProgressMeter,
+    _batches,
+    _collate,
+    answer_loss,
+    encode_example,
+    pad_id,
+    warmup_then_decay,
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +61,9 @@ class AttentiveLoRALinear(nn.Module):
         self.Bs = [f.B for _, f in blocks]
         # column j of the stacked rank belongs to block cols[j], scaled by that block's s
         self.cols = torch.cat([torch.full((f.rank,), i) for i, f in blocks]).to(base.weight.device) if blocks else None
-        self.col_scale = torch.cat([torch.full((f.rank,), f.scaling) for _, f in blocks]).to(base.weight.device) if blocks else None
+        self.col_scale = (
+            torch.cat([torch.full((f.rank,), f.scaling) for _, f in blocks]).to(base.weight.device) if blocks else None
+        )
         self.dropout = nn.Dropout(dropout)
         self.weights: Tensor | None = None
 
@@ -123,7 +137,9 @@ def new_block(model: nn.Module, cfg: TrainConfig) -> LoRAAdapter:
         A = nn.init.kaiming_uniform_(torch.empty(cfg.rank, base.in_features), a=math.sqrt(5), generator=g)
         B = torch.zeros(base.out_features, cfg.rank)
         device = base.weight.device
-        modules[path] = LoRAFactors(A=nn.Parameter(A.to(device)), B=nn.Parameter(B.to(device)), scaling=cfg.alpha / cfg.rank)
+        modules[path] = LoRAFactors(
+            A=nn.Parameter(A.to(device)), B=nn.Parameter(B.to(device)), scaling=cfg.alpha / cfg.rank
+        )
     return LoRAAdapter(modules=modules)
 
 
@@ -165,8 +181,14 @@ def train_attentive(
     device = next(model.parameters()).device
     # frozen blocks as float32 copies on the model's device (the caller's tensors are never touched)
     frozen = [
-        LoRAAdapter({p: LoRAFactors(f.A.detach().to(device, torch.float32), f.B.detach().to(device, torch.float32), f.scaling)
-                     for p, f in old_blocks[n].modules.items()})
+        LoRAAdapter(
+            {
+                p: LoRAFactors(
+                    f.A.detach().to(device, torch.float32), f.B.detach().to(device, torch.float32), f.scaling
+                )
+                for p, f in old_blocks[n].modules.items()
+            }
+        )
         for n in names[:-1]
     ]
     block = new_block(model, cfg)
@@ -174,7 +196,11 @@ def train_attentive(
     assert proj is not None
     pooled = pooler([str(ex["route_text"]) for ex in train])  # once per example: pooling is deterministic
     # a state that already holds `name` (the router-only stage placed its key) warm-starts the key from there
-    start = state.keys[state.names.index(name)] if name in state.names and state.keys is not None else state.initial_key(proj, pooled, len(names))
+    start = (
+        state.keys[state.names.index(name)]
+        if name in state.names and state.keys is not None
+        else state.initial_key(proj, pooled, len(names))
+    )
     key = nn.Parameter(start.detach().clone())
     replay_pooled = {n: pooler(list(replay[n])) for n in names[:-1] if n in replay and len(replay[n])}
     encoded = [encode_example(tokenizer, ex, cfg.max_seq_len) for ex in train]
@@ -185,25 +211,57 @@ def train_attentive(
     try:
         with attentive_mix(model, [*frozen, block], dropout=cfg.dropout) as mix:
             model.train()
-            _fit(model, mix, encoded, pad_id(tokenizer), pooled, cfg, state, names, frozen_keys, key, proj, block,
-                 replay_pooled, route_weight, on_progress, should_stop)
+            _fit(
+                model,
+                mix,
+                encoded,
+                pad_id(tokenizer),
+                pooled,
+                cfg,
+                state,
+                names,
+                frozen_keys,
+                key,
+                proj,
+                block,
+                replay_pooled,
+                route_weight,
+                on_progress,
+                should_stop,
+            )
     finally:
         model.train(was_training)
         for n, p in model.named_parameters():
             p.requires_grad_(grad_flags[n])
 
-    adapter = LoRAAdapter({p: LoRAFactors(f.A.detach().float().cpu().clone(), f.B.detach().float().cpu().clone(), f.scaling)
-                           for p, f in block.modules.items()})
+    adapter = LoRAAdapter(
+        {
+            p: LoRAFactors(f.A.detach().float().cpu().clone(), f.B.detach().float().cpu().clone(), f.scaling)
+            for p, f in block.modules.items()
+        }
+    )
     held = pooler(list(held_texts)) if held_texts else pooled
     new_state = state.with_skill(names, torch.cat([frozen_keys, key.detach()[None]]), proj, held)
     return AttentiveResult(adapter=adapter, state=new_state)
 
 
 def _fit(
-    model: nn.Module, mix: AttentiveMix, encoded: Sequence[tuple[list[int], list[int]]], pad_token_id: int, pooled: Tensor,
-    cfg: TrainConfig, state: SAPTState, names: list[str], frozen_keys: Tensor, key: nn.Parameter, proj: QueryProjector,
-    block: LoRAAdapter, replay_pooled: Mapping[str, Tensor], route_weight: float,
-    on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool] | None,
+    model: nn.Module,
+    mix: AttentiveMix,
+    encoded: Sequence[tuple[list[int], list[int]]],
+    pad_token_id: int,
+    pooled: Tensor,
+    cfg: TrainConfig,
+    state: SAPTState,
+    names: list[str],
+    frozen_keys: Tensor,
+    key: nn.Parameter,
+    proj: QueryProjector,
+    block: LoRAAdapter,
+    replay_pooled: Mapping[str, Tensor],
+    route_weight: float,
+    on_progress: Callable[[Progress], None] | None,
+    should_stop: Callable[[], bool] | None,
 ) -> None:
     """`fit`'s loop (batching, step count, warmup/decay, clip, progress, cancel) on the mixed model plus the router losses."""
     s = state.settings
@@ -245,7 +303,10 @@ def _fit(
                     loss = loss + s.arm_lambda * state.arm_loss(targets, proj, keys)
             loss.backward()
             mix.set_weights(None)  # drop the graph's last reference before the next batch
-            for params in (lora_params, router_params):  # clipped apart: the router's CE must not shrink the block's step
+            for params in (
+                lora_params,
+                router_params,
+            ):  # clipped apart: the router's CE must not shrink the block's step
                 if params:
                     torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()

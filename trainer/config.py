@@ -1,4 +1,5 @@
 """Training hyperparameters: defaults that finish on 2 CPU cores, every one settable per upload."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -86,7 +87,14 @@ class TrainConfig:
         for name in ("dropout", "warmup_ratio", "eval_fraction", "replay_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"config.{name}", "must be in [0, 1)")
-        for name in ("weight_decay", "probe_size", "quality_z", "quality_max_drop", "kif_init_blocks", "sapt_route_weight"):
+        for name in (
+            "weight_decay",
+            "probe_size",
+            "quality_z",
+            "quality_max_drop",
+            "kif_init_blocks",
+            "sapt_route_weight",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config.{name}", "must be >= 0")
         if not -1 <= self.quality_min_gain <= 1:

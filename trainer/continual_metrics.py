@@ -9,6 +9,7 @@ score of task i trained alone.
 F.Ra and BWT need T >= 2; FWT needs ã. A matrix with only its last row (the multi-task baseline, which
 never passes through the intermediate states) has AP only.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -6,6 +6,7 @@ Two formats are accepted, one per line (they may not be mixed silently: each lin
   instruction:              {"instruction": str, "input": str, "output": str}
 Every example is normalized to {"messages": prompt messages, "answer": str, "route_text": str}.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,9 @@ def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError]) -> Exa
             return None
         clean.append({"role": "system" if role == "developer" else role, "content": content})
     if clean[-1]["role"] != "assistant" or not clean[-1]["content"].strip():
-        errs.append(LineError(line, f"messages[{len(clean) - 1}]", "the last message must be a non-empty assistant answer"))
+        errs.append(
+            LineError(line, f"messages[{len(clean) - 1}]", "the last message must be a non-empty assistant answer")
+        )
         return None
     prompt = clean[:-1]
     if not any(m["role"] == "user" and m["content"].strip() for m in prompt):

@@ -1,4 +1,5 @@
 """Scoring: first-word exact match for classification-style tasks, ROUGE-L F1 for generation."""
+
 from __future__ import annotations
 
 import re
@@ -58,8 +59,13 @@ def mean_score(metric: str, predictions: Sequence[str], references: Sequence[str
 
 
 def generate_greedy(  # type: ignore[no-untyped-def]
-    model, tokenizer, prompts: Sequence[list[dict[str, str]]], max_new_tokens: int, batch_size: int = 16,
-    bank: LoRABank | None = None, mixes: Sequence[Mix] | None = None,
+    model,
+    tokenizer,
+    prompts: Sequence[list[dict[str, str]]],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    bank: LoRABank | None = None,
+    mixes: Sequence[Mix] | None = None,
 ) -> list[str]:
     """Greedy answers for chat prompts, batched with left padding.
 
@@ -84,7 +90,9 @@ def generate_greedy(  # type: ignore[no-untyped-def]
                     **enc,
                     max_new_tokens=max_new_tokens,
                     do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id
+                    if tokenizer.pad_token_id is not None
+                    else tokenizer.eos_token_id,
                 )
             out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     finally:

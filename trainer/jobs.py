@@ -4,6 +4,7 @@ States: validating → queued → running → succeeded | failed | cancelled. Jo
 JSON under <data>/jobs so that they survive a restart; a job that was queued or running when the
 server stopped is marked failed (its data is gone with the process' queue) and can be re-uploaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -102,7 +103,11 @@ class LocalJobQueue:
                 log.warning("ignoring unreadable job record %s: %s", p, e)
                 continue
             if job.status not in TERMINAL:
-                job.status, job.error, job.finished_at = "failed", "the server stopped before this job finished", time.time()
+                job.status, job.error, job.finished_at = (
+                    "failed",
+                    "the server stopped before this job finished",
+                    time.time(),
+                )
                 self._save(job)
             self._jobs[job.id] = job
 
@@ -175,7 +180,14 @@ def run_job(
     """Run one job to a terminal state; a failing job never takes its worker down."""
 
     def progress(p: Progress) -> None:
-        job.progress = {"step": p.step, "total": p.total, "loss": p.loss, "tokens_per_s": p.tokens_per_s, "eta_s": p.eta_s, "tokens": p.tokens}
+        job.progress = {
+            "step": p.step,
+            "total": p.total,
+            "loss": p.loss,
+            "tokens_per_s": p.tokens_per_s,
+            "eta_s": p.eta_s,
+            "tokens": p.tokens,
+        }
         if p.step == p.total or p.step % 10 == 0:
             save(job)
 

@@ -6,6 +6,7 @@ masks hold the top share of each tensor's coordinates by EMA-smoothed importance
 important to neither fall back to the cycle start, so the new task cannot drift them away from what the
 memory relies on. Only the trainable parameters (the new block) are fused; old blocks stay frozen.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Isolated LoRA training of one skill block with PEFT (loss on answer tokens only)."""
+
 from __future__ import annotations
 
 import math
@@ -109,14 +110,18 @@ def pad_id(tokenizer: Any) -> int:
     return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
 
 
-def add_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_modules: Sequence[str], seed: int) -> nn.Module:
+def add_lora(
+    model: nn.Module, rank: int, alpha: float, dropout: float, target_modules: Sequence[str], seed: int
+) -> nn.Module:
     """A fresh PEFT LoRA injected into `model` in place (`.unload()` takes it out); seeded so A's init repeats."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
     return get_peft_model(
         model,
-        LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"),
+        LoraConfig(
+            r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
+        ),
     )
 
 

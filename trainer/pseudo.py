@@ -3,6 +3,7 @@
 Sampling from it stands in for stored samples when a skill's real inputs may not be kept
 (shared/docs/algorithms.md §2). Real stored samples remain the default replay source.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -94,7 +95,9 @@ def generate_pseudo_inputs(peft_model: nn.Module, tokenizer: Any, n: int, cfg: G
     device = next(peft_model.parameters()).device
     prompt = torch.tensor([_prompt_ids(tokenizer)], device=device)
     sampling: dict[str, Any] = (
-        {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p} if cfg.temperature > 0 else {"do_sample": False}
+        {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p}
+        if cfg.temperature > 0
+        else {"do_sample": False}
     )
     out: list[str] = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

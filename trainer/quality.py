@@ -10,6 +10,7 @@
    per-row LoRA mix), once with the pool as it is and once with the new skill added; a drop of more
    than `quality_max_drop` fails the job. Only rows whose route changed are generated twice.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,7 +47,9 @@ def trivial_answer(answers: Sequence[str]) -> str:
     return Counter(a.strip() for a in answers).most_common(1)[0][0] if answers else ""
 
 
-def held_out_scores(model: Any, tok: Any, bank: LoRABank, name: str, train: list[Example], held: list[Example]) -> dict[str, Any]:
+def held_out_scores(
+    model: Any, tok: Any, bank: LoRABank, name: str, train: list[Example], held: list[Example]
+) -> dict[str, Any]:
     """The new block (forced), the base model and the trivial answer on the held-out split."""
     metric = metric_for([e["answer"] for e in train])
     if not held:
@@ -61,8 +64,15 @@ def held_out_scores(model: Any, tok: Any, bank: LoRABank, name: str, train: list
     gains = [b - r for b, r in zip(block, reference)]
     mean_gain = sum(gains) / len(gains)
     sd = math.sqrt(sum((g - mean_gain) ** 2 for g in gains) / (len(gains) - 1)) if len(gains) > 1 else math.inf
-    return {"metric": metric, "score": _mean(block), "base_score": _mean(base), "trivial_score": _mean(trivial), "n": len(held),
-            "gain": mean_gain, "gain_se": sd / math.sqrt(len(gains))}
+    return {
+        "metric": metric,
+        "score": _mean(block),
+        "base_score": _mean(base),
+        "trivial_score": _mean(trivial),
+        "n": len(held),
+        "gain": mean_gain,
+        "gain_se": sd / math.sqrt(len(gains)),
+    }
 
 
 def per_example(metric: str, predictions: Sequence[str], references: Sequence[str]) -> list[float]:
@@ -80,7 +90,15 @@ class PoolProbe:
     router: Router
     earlier: list[SkillRecord]
 
-    def run(self, model: Any, tok: Any, bank: LoRABank, name: str, tensors: dict[str, Any], attention: dict[str, float] | None) -> dict[str, dict[str, Any]]:
+    def run(
+        self,
+        model: Any,
+        tok: Any,
+        bank: LoRABank,
+        name: str,
+        tensors: dict[str, Any],
+        attention: dict[str, float] | None,
+    ) -> dict[str, dict[str, Any]]:
         probes = {rec.name: rec.probe() for rec in self.earlier}
         rows = [(rec.name, p) for rec in self.earlier for p in probes[rec.name]]
         if not rows:
@@ -98,7 +116,9 @@ class PoolProbe:
         answers_before = generate_greedy(model, tok, prompts, budget, bank=bank, mixes=before)
         answers_after = list(answers_before)
         if changed:
-            redo = generate_greedy(model, tok, [prompts[i] for i in changed], budget, bank=bank, mixes=[after[i] for i in changed])
+            redo = generate_greedy(
+                model, tok, [prompts[i] for i in changed], budget, bank=bank, mixes=[after[i] for i in changed]
+            )
             for i, a in zip(changed, redo):
                 answers_after[i] = a
         out: dict[str, dict[str, Any]] = {}
@@ -111,8 +131,14 @@ class PoolProbe:
             refs = [rows[i][1]["answer"] for i in idx]
             score_before = mean_score(metric, [answers_before[i] for i in idx], refs)
             score_after = mean_score(metric, [answers_after[i] for i in idx], refs)
-            out[rec.name] = {"metric": metric, "before": score_before, "after": score_after, "drop": score_before - score_after,
-                             "n": len(idx), "rerouted": sum(1 for i in idx if i in rerouted)}
+            out[rec.name] = {
+                "metric": metric,
+                "before": score_before,
+                "after": score_after,
+                "drop": score_before - score_after,
+                "n": len(idx),
+                "rerouted": sum(1 for i in idx if i in rerouted),
+            }
         return out
 
 
@@ -140,4 +166,10 @@ def verdict(new: dict[str, Any], earlier: dict[str, dict[str, Any]], cfg: TrainC
                 f"skill {skill!r} drops from {r['before']:.3f} to {r['after']:.3f} {r['metric']} on its {r['n']} probe prompts "
                 f"through the routed pool (more than quality_max_drop {cfg.quality_max_drop})"
             )
-    return {"new": new, "earlier": earlier, "passed": not reasons, "forced": force and bool(reasons), "reasons": reasons}
+    return {
+        "new": new,
+        "earlier": earlier,
+        "passed": not reasons,
+        "forced": force and bool(reasons),
+        "reasons": reasons,
+    }

@@ -9,6 +9,7 @@ Workers and servers share the skill store (a volume or object storage mounted at
 When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
 server loads that version from the store and starts routing to it.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -139,8 +140,14 @@ class RedisJobQueue:
             self._save(job)
             cancel_key = f"{self.p}:cancel:{job_id}"
             run_job(
-                job, data["examples"], TrainConfig.from_dict(data["config"]), self.runner,
-                self._save, self._finish, self._succeeded, lambda key=cancel_key: bool(self.r.exists(key)),
+                job,
+                data["examples"],
+                TrainConfig.from_dict(data["config"]),
+                self.runner,
+                self._save,
+                self._finish,
+                self._succeeded,
+                lambda key=cancel_key: bool(self.r.exists(key)),
             )
 
     def _listen(self) -> None:

@@ -10,6 +10,7 @@ Methods:
             trains in cycles of inner steps on the task and an outer step on the memory buffer (every
             earlier skill's stored samples), fused through importance masks (trainer/kif.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,9 @@ log = logging.getLogger(__name__)
 Example = dict[str, Any]
 
 
-def split_examples(examples: list[Example], cfg: TrainConfig) -> tuple[list[Example], list[Example], list[Example], list[Example]]:
+def split_examples(
+    examples: list[Example], cfg: TrainConfig
+) -> tuple[list[Example], list[Example], list[Example], list[Example]]:
     """(train, eval, replay, probe): eval/probe are held out; replay is a small sample of train."""
     rng = random.Random(cfg.seed)
     shuffled = list(examples)
@@ -56,7 +59,9 @@ def _copy_files(src: Path, dst: Path) -> None:
 class SkillTrainer:
     """Trains skills against one base model and one router; used by the job queue's worker."""
 
-    def __init__(self, store: SkillStore, router: Router, base: BaseModel, device: str | None = None, sync_router: bool = False) -> None:
+    def __init__(
+        self, store: SkillStore, router: Router, base: BaseModel, device: str | None = None, sync_router: bool = False
+    ) -> None:
         """`sync_router`: the router is private to this trainer (a Redis worker), so it is refreshed from the
         shared store before each job; a server's trainer shares the live router, which is always current."""
         self.store, self.router, self.base, self.device, self.sync_router = store, router, base, device, sync_router
@@ -92,7 +97,10 @@ class SkillTrainer:
             self._sync_router()
         train_texts = [e["route_text"] for e in train]
         router_tensors = self.router.prepare_keys(train_texts)
-        router_meta: dict[str, Any] = {"mode": self.router.settings.mode, "threshold": float(router_tensors["threshold"][0])}
+        router_meta: dict[str, Any] = {
+            "mode": self.router.settings.mode,
+            "threshold": float(router_tensors["threshold"][0]),
+        }
         training: dict[str, Any] = {"method": method, "config": cfg.to_dict()}
         model, tok = self._load_base()
         pseudo: list[str] = []
@@ -102,21 +110,41 @@ class SkillTrainer:
         with tempfile.TemporaryDirectory(prefix="skillpool-block-") as tmp:
             folder = Path(tmp)
             if method == "sapt":
-                held_texts, replay_texts, pool = [e["route_text"] for e in held], self._replay_inputs(name), self.router.pooler
+                held_texts, replay_texts, pool = (
+                    [e["route_text"] for e in held],
+                    self._replay_inputs(name),
+                    self.router.pooler,
+                )
                 assert pool is not None
                 # router-only stage first (SAPT's settings.steps of CE + ARM): the LM steps alone are too few to place the key
-                warm = self.router.sapt_state().learn(name, pool(train_texts), pool(held_texts), {n: pool(t) for n, t in replay_texts.items() if t})
-                result = train_attentive(
-                    model, tok, name, train, held_texts, cfg, warm, pool,
-                    {n: self._record(n).adapter() for n in warm.names if n != name}, replay_texts,
-                    route_weight=cfg.sapt_route_weight, on_progress=on_progress, should_stop=should_stop,
+                warm = self.router.sapt_state().learn(
+                    name, pool(train_texts), pool(held_texts), {n: pool(t) for n, t in replay_texts.items() if t}
                 )
-                save_peft_adapter(result.adapter, folder, self.base.model_id, cfg.alpha, cfg.target_modules, cfg.dropout)
+                result = train_attentive(
+                    model,
+                    tok,
+                    name,
+                    train,
+                    held_texts,
+                    cfg,
+                    warm,
+                    pool,
+                    {n: self._record(n).adapter() for n in warm.names if n != name},
+                    replay_texts,
+                    route_weight=cfg.sapt_route_weight,
+                    on_progress=on_progress,
+                    should_stop=should_stop,
+                )
+                save_peft_adapter(
+                    result.adapter, folder, self.base.model_id, cfg.alpha, cfg.target_modules, cfg.dropout
+                )
                 router_tensors.update(result.state.skill_tensors(name))
                 router_meta["sapt_attention"] = result.state.mean_attention[name]
             else:
                 if self.router.settings.mode == "sapt":  # the block trains alone; the router still learns its key
-                    tensors, mean_attention = self.router.prepare_sapt(name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name))
+                    tensors, mean_attention = self.router.prepare_sapt(
+                        name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name)
+                    )
                     router_tensors.update(tensors)
                     router_meta["sapt_attention"] = mean_attention
                 peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
@@ -127,7 +155,9 @@ class SkillTrainer:
                 save_adapter(peft_model, folder, self.base.model_id)
                 model = cast(Any, peft_model).unload()  # the plain base model again, for the gate's routed generation
             attention = router_meta.get("sapt_attention")
-            quality = self._gate(name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, attention, force)
+            quality = self._gate(
+                name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, attention, force
+            )
             draft = SkillDraft(
                 name=name,
                 write_adapter=lambda dst: _copy_files(folder, dst),
@@ -137,7 +167,13 @@ class SkillTrainer:
                     "training": training,
                     "eval": quality["new"],
                     "quality": quality,
-                    "samples": {"total": len(examples), "train": len(train), "eval": len(held), "replay": len(replay), "probe": len(probe)},
+                    "samples": {
+                        "total": len(examples),
+                        "train": len(train),
+                        "eval": len(held),
+                        "replay": len(replay),
+                        "probe": len(probe),
+                    },
                     "router": router_meta,
                 },
                 replay=replay,
@@ -152,8 +188,16 @@ class SkillTrainer:
             raise KeyError(f"skill {name!r} is in the router but not in the store at {self.store.root}")
         return rec
 
-    def _train_kif(self, name: str, peft_model: Any, tok: Any, train: list[Example], cfg: TrainConfig,
-                   on_progress: Callable[[Progress], None] | None, should_stop: Callable[[], bool] | None) -> dict[str, Any]:
+    def _train_kif(
+        self,
+        name: str,
+        peft_model: Any,
+        tok: Any,
+        train: list[Example],
+        cfg: TrainConfig,
+        on_progress: Callable[[Progress], None] | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> dict[str, Any]:
         """Recurrent-KIF on the new block: seeded from similar blocks, fused against the memory buffer."""
         seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks)
         if seeds:
@@ -161,11 +205,21 @@ class SkillTrainer:
         earlier = [rec for rec in self.store.list_latest() if rec.name != name]
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in earlier for e in rec.replay()]
         fit_kif(
-            peft_model, [encode_example(tok, e, cfg.max_seq_len) for e in train], memory, pad_id(tok),
-            epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=cfg.seed,
-            weight_decay=cfg.weight_decay, warmup_ratio=cfg.warmup_ratio,
-            settings=KIFSettings(cfg.kif_inner_steps, cfg.kif_ema_in, cfg.kif_ema_hist, cfg.kif_top_q, cfg.kif_init_blocks),
-            on_progress=on_progress, should_stop=should_stop,
+            peft_model,
+            [encode_example(tok, e, cfg.max_seq_len) for e in train],
+            memory,
+            pad_id(tok),
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            learning_rate=cfg.learning_rate,
+            seed=cfg.seed,
+            weight_decay=cfg.weight_decay,
+            warmup_ratio=cfg.warmup_ratio,
+            settings=KIFSettings(
+                cfg.kif_inner_steps, cfg.kif_ema_in, cfg.kif_ema_hist, cfg.kif_top_q, cfg.kif_init_blocks
+            ),
+            on_progress=on_progress,
+            should_stop=should_stop,
         )
         return {"init_from": seeds, "memory_examples": len(memory), "memory_skills": len(earlier)}
 
@@ -183,8 +237,19 @@ class SkillTrainer:
         total = sum(w for _, w in top)
         return {s: w / total for s, w in top} if total > 0 else {}
 
-    def _gate(self, name: str, model: Any, tok: Any, adapter: Any, train: list[Example], held: list[Example], cfg: TrainConfig,
-              tensors: dict[str, Any], attention: dict[str, float] | None, force: bool) -> dict[str, Any]:
+    def _gate(
+        self,
+        name: str,
+        model: Any,
+        tok: Any,
+        adapter: Any,
+        train: list[Example],
+        held: list[Example],
+        cfg: TrainConfig,
+        tensors: dict[str, Any],
+        attention: dict[str, float] | None,
+        force: bool,
+    ) -> dict[str, Any]:
         """Score the new block and re-check earlier skills through the routed pool; raise unless it passes or is forced."""
         bank = LoRABank(model)
         bank.add(name, adapter)

@@ -1,4 +1,5 @@
 """The mix math: factored per-row mixing must equal merging the weighted delta into the base weights."""
+
 from __future__ import annotations
 
 import copy
@@ -8,18 +9,35 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
+from skillpool.adapters_store.lora import (
+    LoRAAdapter,
+    LoRABank,
+    LoRAFactors,
+    load_peft_adapter,
+    mix_delta,
+    save_peft_adapter,
+)
 
 TARGETS = ("q_proj", "v_proj", "o_proj")
 
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
-def random_adapter(model: nn.Module, rank: int, alpha: float, seed: int, targets: tuple[str, ...] = TARGETS) -> LoRAAdapter:
+def random_adapter(
+    model: nn.Module, rank: int, alpha: float, seed: int, targets: tuple[str, ...] = TARGETS
+) -> LoRAAdapter:
     g = torch.Generator().manual_seed(seed)
     modules = {}
     for name, mod in model.named_modules():
@@ -101,7 +119,9 @@ def test_peft_adapter_round_trip_matches_peft_forward(tmp_path) -> None:  # type
     from peft import LoraConfig, PeftModel, get_peft_model
 
     model = tiny_llama()
-    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    peft_model = get_peft_model(
+        copy.deepcopy(model), LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    )
     with torch.no_grad():
         for n, p in peft_model.named_parameters():
             if "lora_B" in n:

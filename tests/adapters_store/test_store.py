@@ -1,4 +1,5 @@
 """Skill store: atomic versioned writes, reload, and name safety."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,9 @@ from skillpool.adapters_store.store import SkillDraft, SkillStore
 
 
 def write_fake_peft(folder: Path) -> None:
-    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]})
+    )
     save_file(
         {
             "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 8),

@@ -1,5 +1,6 @@
 """End to end: the quality gate refuses a broken upload (SST-2 with its labels shuffled) on the real SmolLM2
 and leaves the pool as it was; the intact upload of the same task passes the same gate."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.slow
 CONFIG = {"epochs": 2, "eval_fraction": 0.3}  # 60 held-out rows: the noise on the gain is about 0.07
 
 
-def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     dataset_dir("long_sequence", "sst-2")
     good, broken = rows("long_sequence", "sst-2", "train", 200), rows("long_sequence", "sst-2", "train", 400)[200:]
     labels = [r["output"] for r in broken]
@@ -40,7 +43,10 @@ def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(tmp_path: Path, c
         path = tmp_path / "broken.jsonl"
         path.write_text("\n".join(json.dumps(x) for x in broken))
         capsys.readouterr()
-        assert main(["upload", str(path), "--name", "sst-2-shuffled", "--url", srv.url, "--config", json.dumps(CONFIG)]) == 1
+        assert (
+            main(["upload", str(path), "--name", "sst-2-shuffled", "--url", srv.url, "--config", json.dumps(CONFIG)])
+            == 1
+        )
         job = json.loads(capsys.readouterr().out)
         with capsys.disabled():
             print(json.dumps(job["eval"], indent=1))  # the numbers, for the record

@@ -4,6 +4,7 @@ Uploads a slice of Long Sequence AG News, waits for the skill, and checks that A
 route to it and are answered better than by the base model; then restarts and finds the skill again.
 Runs once per router mode (dtkr, sapt, centroid), each with its own store.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from skillpool.router import MODES
 from load_tests.common import ask, rows, upload, user_text, wait_job
+from skillpool.router import MODES
 from skillpool.server.process import ServerProcess
-from tests.conftest import dataset_dir
 from skillpool.trainer.evaluation import first_word_match
+from tests.conftest import dataset_dir
 
 pytestmark = pytest.mark.slow
 TRAIN_ROWS = 160
@@ -60,7 +61,10 @@ def test_models_list_base_and_auto(client) -> None:  # type: ignore[no-untyped-d
 
 def test_chat_with_the_real_base_model(client) -> None:  # type: ignore[no-untyped-def]
     r = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0, max_tokens=20
+        model="SmolLM2-135M-Instruct",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=20,
     )
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens > 0
@@ -68,13 +72,20 @@ def test_chat_with_the_real_base_model(client) -> None:  # type: ignore[no-untyp
 
 def test_streaming_with_the_openai_client(client) -> None:  # type: ignore[no-untyped-def]
     stream = client.chat.completions.create(
-        model="auto", messages=[{"role": "user", "content": "Name a primary colour."}], temperature=0, max_tokens=12,
-        stream=True, stream_options={"include_usage": True},
+        model="auto",
+        messages=[{"role": "user", "content": "Name a primary colour."}],
+        temperature=0,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] in (["stop"], ["length"])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] in (
+        ["stop"],
+        ["length"],
+    )
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
@@ -93,7 +104,9 @@ def test_upload_learn_route_and_beat_the_base_model(server: ServerProcess, clien
     route_rate = sum(h.startswith("agnews=") for _, h in routed) / len(test)
     acc_auto = sum(first_word_match(a, row["output"]) for (a, _), row in zip(routed, test)) / len(test)
     acc_base = sum(first_word_match(a, row["output"]) for (a, _), row in zip(base, test)) / len(test)
-    print(f"\nagnews e2e: route_rate={route_rate:.2f} acc_auto={acc_auto:.2f} acc_base={acc_base:.2f} job_eval={job['eval']}")
+    print(
+        f"\nagnews e2e: route_rate={route_rate:.2f} acc_auto={acc_auto:.2f} acc_base={acc_base:.2f} job_eval={job['eval']}"
+    )
     assert all(h == "base" for _, h in base)
     assert route_rate >= 0.9
     assert acc_auto >= acc_base + 0.2

@@ -1,4 +1,5 @@
 """DTKR keys: the preparation stage improves the selected keys' fit, and retrieval scores are exact."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,7 +63,9 @@ def test_router_scores_are_the_mean_of_group_cosines(embedder) -> None:  # type:
 def test_dtkr_mode_routes_held_out_inputs(embedder) -> None:  # type: ignore[no-untyped-def]
     router = Router(embedder, RouterSettings(mode="dtkr"))
     for task in ("agnews", "sst-2"):
-        router.add_skill(task, router.prepare_keys([e["route_text"] for e in read_task("long_sequence", task, "train", 100)]))
+        router.add_skill(
+            task, router.prepare_keys([e["route_text"] for e in read_task("long_sequence", task, "train", 100)])
+        )
     for task in ("agnews", "sst-2"):
         ds = router.route([e["route_text"] for e in read_task("long_sequence", task, "test", 40)])
         routed = [d.route[0][0] for d in ds if d.route]

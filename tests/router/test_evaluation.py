@@ -1,4 +1,5 @@
 """`skillpool eval routing` on a small slice of real tasks: table, JSON and plots."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,28 @@ from tests.conftest import dataset_dir
 def test_eval_routing_cli_writes_json_and_plots(mode: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     tasks = [str(dataset_dir("long_sequence", t)) for t in ("agnews", "sst-2", "boolqa")]
     out = tmp_path / "r.json"
-    rc = main(["eval", "routing", "--tasks", *tasks, "--router", mode, "--text", "with-instruction",
-               "--train-limit", "60", "--test-limit", "20", "--json", str(out), "--plots", str(tmp_path / "plots"),
-               "--replay-fraction", "0.1"])  # sapt: 6 replay inputs per task, as 2% of 300 would be
+    rc = main(
+        [
+            "eval",
+            "routing",
+            "--tasks",
+            *tasks,
+            "--router",
+            mode,
+            "--text",
+            "with-instruction",
+            "--train-limit",
+            "60",
+            "--test-limit",
+            "20",
+            "--json",
+            str(out),
+            "--plots",
+            str(tmp_path / "plots"),
+            "--replay-fraction",
+            "0.1",
+        ]
+    )  # sapt: 6 replay inputs per task, as 2% of 300 would be
     assert rc == 0
     res = json.loads(out.read_text())
     f = res["final"]

@@ -1,4 +1,5 @@
 """The format gate: per-skill Bernoulli model of fixed prompt text, and its use in routing."""
+
 from __future__ import annotations
 
 import random
@@ -11,7 +12,22 @@ from skillpool.router import Router, RouterSettings
 from skillpool.router.formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
 from tests.conftest import read_task
 
-WORDS = ["apple", "river", "stone", "cloud", "paper", "glass", "music", "window", "forest", "engine", "candle", "silver", "orange", "mountain"]
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "paper",
+    "glass",
+    "music",
+    "window",
+    "forest",
+    "engine",
+    "candle",
+    "silver",
+    "orange",
+    "mountain",
+]
 
 
 def _texts(template: str, n: int, seed: int) -> list[str]:
@@ -50,14 +66,26 @@ def test_gate_accepts_its_own_format_and_rejects_a_sibling_without_its_field_nam
 
 def test_accepts_each_equals_each_model_alone() -> None:
     """The router checks a request against all its candidate skills in one vectorized pass."""
-    templates = ["Title: {}\nText: as said.", "Text: {}\nAnswer:", "Option: good, bad.\n{}", "sentence 1: {}\nsentence 2: the same."]
-    models: list[FormatModel | None] = [fit_format(_texts(t, 120, i), FormatSettings()) for i, t in enumerate(templates)]
-    models += [None, FormatModel(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), -2.0)]  # no model; no grams
+    templates = [
+        "Title: {}\nText: as said.",
+        "Text: {}\nAnswer:",
+        "Option: good, bad.\n{}",
+        "sentence 1: {}\nsentence 2: the same.",
+    ]
+    models: list[FormatModel | None] = [
+        fit_format(_texts(t, 120, i), FormatSettings()) for i, t in enumerate(templates)
+    ]
+    models += [
+        None,
+        FormatModel(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32), -2.0),
+    ]  # no model; no grams
     requests = [gram_ids(t) for i, tpl in enumerate(templates) for t in _texts(tpl, 10, 10 + i)] + [gram_ids("")]
     verdicts = np.array([accepts_each(r, models) for r in requests])
     alone = np.array([[m is None or bool(m.accepts([r])[0]) for m in models] for r in requests])
     assert np.array_equal(verdicts, alone)
-    assert verdicts[:, -2:].all() and not verdicts[-1, :4].any()  # ungated models pass all; an empty request fails the rest
+    assert (
+        verdicts[:, -2:].all() and not verdicts[-1, :4].any()
+    )  # ungated models pass all; an empty request fails the rest
     assert 0 < verdicts[:-1, :4].mean() < 1  # both verdicts occur
 
 
@@ -98,12 +126,16 @@ def amazon_router(embedder):  # type: ignore[no-untyped-def]
     return router
 
 
-def test_unseen_sibling_falls_back_by_format_and_the_similarity_gate_alone_would_take_it(amazon_router, embedder) -> None:  # type: ignore[no-untyped-def]
+def test_unseen_sibling_falls_back_by_format_and_the_similarity_gate_alone_would_take_it(
+    amazon_router, embedder
+) -> None:  # type: ignore[no-untyped-def]
     """yelp has amazon's instruction and labels; only its field names differ ("Text:" without "Title:")."""
     yelp = _route_texts("yelp", "test", 60)
     gated = amazon_router.route(yelp)
     assert sum(d.reason == "format_mismatch" for d in gated) >= 57, [d.reason for d in gated]
-    off = Router(embedder, replace(amazon_router.settings, format=replace(amazon_router.settings.format, enabled=False)))
+    off = Router(
+        embedder, replace(amazon_router.settings, format=replace(amazon_router.settings.format, enabled=False))
+    )
     off.add_skill("amazon", amazon_router.prepare_keys(_route_texts("amazon", "train", 150)))
     taken = off.route(yelp)
     assert sum(bool(d.route) for d in taken) >= 30  # input similarity accepts most of them
@@ -117,7 +149,9 @@ def test_own_inputs_pass_and_a_learned_sibling_takes_its_own(amazon_router) -> N
         routed = {task: amazon_router.route(_route_texts(task, "test", 60)) for task in ("amazon", "yelp")}
         for task, ds in routed.items():
             assert sum(bool(d.route) and d.route[0][0] == task for d in ds) >= 52, task  # 96-99% in the full eval
-        assert not any(s == "amazon" for d in routed["yelp"] for s, _ in d.route)  # amazon's slots are dropped: no mixing
+        assert not any(
+            s == "amazon" for d in routed["yelp"] for s, _ in d.route
+        )  # amazon's slots are dropped: no mixing
     finally:
         amazon_router.remove_skill("yelp")
 
@@ -125,13 +159,17 @@ def test_own_inputs_pass_and_a_learned_sibling_takes_its_own(amazon_router) -> N
 def test_unrelated_requests_report_below_threshold_not_format(amazon_router) -> None:  # type: ignore[no-untyped-def]
     ds = amazon_router.route(["Write a haiku about autumn leaves.", "What is 17 times 23?"])
     assert [d.reason for d in ds] == ["below_threshold", "below_threshold"]
-    nearest = amazon_router.route(["Write a haiku about autumn leaves.", *_route_texts("yelp", "test", 3)], open_set=False)
+    nearest = amazon_router.route(
+        ["Write a haiku about autumn leaves.", *_route_texts("yelp", "test", 3)], open_set=False
+    )
     assert all(d.reason == "matched" and d.route == [("amazon", 1.0)] for d in nearest)  # no gate: the nearest skill
 
 
 def test_skill_stored_without_a_format_model_is_not_format_gated(amazon_router, embedder) -> None:  # type: ignore[no-untyped-def]
     router = Router(embedder, amazon_router.settings)
-    tensors = amazon_router.prepare_keys_from_embeddings(embedder.embed(_route_texts("amazon", "train", 150)))  # no texts
+    tensors = amazon_router.prepare_keys_from_embeddings(
+        embedder.embed(_route_texts("amazon", "train", 150))
+    )  # no texts
     assert "format_grams" not in tensors
     router.add_skill("amazon", tensors)
     assert not any(d.reason == "format_mismatch" for d in router.route(_route_texts("yelp", "test", 20)))

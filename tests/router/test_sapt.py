@@ -1,4 +1,5 @@
 """SAPT routing with the real SmolLM2 token-embedding table and real benchmark inputs."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,7 +22,10 @@ def pooler(smollm) -> TokenPooler:  # type: ignore[no-untyped-def]
 def pooled(pooler):  # type: ignore[no-untyped-def]
     out = {}
     for t in TASKS:
-        out[t] = {split: pooler([e["route_text"] for e in read_task("long_sequence", t, split, n)]) for split, n in (("train", 80), ("test", 30))}
+        out[t] = {
+            split: pooler([e["route_text"] for e in read_task("long_sequence", t, split, n)])
+            for split, n in (("train", 80), ("test", 30))
+        }
     return out
 
 
@@ -61,7 +65,9 @@ def test_attentive_reflection_keeps_earlier_attention(pooled) -> None:  # type: 
         first = TASKS[0]
         target = torch.tensor([state.mean_attention[first].get(n, 0.0) for n in state.names])
         now = state.attention(pooled[first]["train"][:8])
-        drift[lam] = float(torch.nn.functional.kl_div(now.clamp_min(1e-9).log(), target.expand_as(now), reduction="batchmean"))
+        drift[lam] = float(
+            torch.nn.functional.kl_div(now.clamp_min(1e-9).log(), target.expand_as(now), reduction="batchmean")
+        )
     assert drift[2.0] < drift[0.0], drift
 
 
@@ -91,7 +97,9 @@ def test_router_in_sapt_mode(embedder, pooler) -> None:  # type: ignore[no-untyp
         decisions = router.route(texts)
         assert sum(bool(d.route) and d.route[0][0] == t for d in decisions) >= 21, t
         assert all(abs(sum(w for _, w in d.route) - 1) < 1e-5 for d in decisions if d.route)
-        for d, grams in zip(decisions, router.features(texts).grams or []):  # the format gate's rejects get no attention
+        for d, grams in zip(
+            decisions, router.features(texts).grams or []
+        ):  # the format gate's rejects get no attention
             assert all(formats[s] is not None and formats[s].accepts([grams])[0] for s, _ in d.route)
     unrelated = router.route(["Write a haiku about autumn leaves.", "What is 17 times 23?"])
     assert all(d.reason == "below_threshold" for d in unrelated)

@@ -1,4 +1,5 @@
 """API shapes and errors on a tiny LLaMA with the real router: chat, streaming, models, tasks, metrics."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,13 @@ def client(components):  # type: ignore[no-untyped-def]
 
 
 def chat(client: TestClient, content: str, **kw):  # type: ignore[no-untyped-def]
-    body = {"model": "auto", "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 6, **kw}
+    body = {
+        "model": "auto",
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": 6,
+        **kw,
+    }
     return client.post("/v1/chat/completions", json=body)
 
 
@@ -72,10 +79,18 @@ def test_chat_without_skills_uses_base(client: TestClient) -> None:
 
 
 def test_streaming_shape(client: TestClient) -> None:
-    with client.stream("POST", "/v1/chat/completions", json={
-        "model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
-        "temperature": 0, "max_tokens": 5, "stream_options": {"include_usage": True},
-    }) as r:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "stream": True,
+            "temperature": 0,
+            "max_tokens": 5,
+            "stream_options": {"include_usage": True},
+        },
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [ln for ln in r.iter_lines() if ln]
     assert lines[-1] == "data: [DONE]"
@@ -101,39 +116,100 @@ def test_streaming_shape(client: TestClient) -> None:
         ({"model": "auto", "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content", None),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "temperature": 3}, 400, "temperature", None),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens", None),
-        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400, "max_tokens", "context_length_exceeded"),
+        (
+            {"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6},
+            400,
+            "max_tokens",
+            "context_length_exceeded",
+        ),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "unsupported_parameter"),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400, "stop", None),
-        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, 400, "tools", "unsupported_parameter"),
+        (
+            {"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            400,
+            "tools",
+            "unsupported_parameter",
+        ),
     ],
 )
-def test_chat_errors_use_the_openai_envelope(client: TestClient, body: dict, status: int, param: str, code: str | None) -> None:
+def test_chat_errors_use_the_openai_envelope(
+    client: TestClient, body: dict, status: int, param: str, code: str | None
+) -> None:
     assert_error(client.post("/v1/chat/completions", json=body), status, param, code)
 
 
 def test_invalid_json_body(client: TestClient) -> None:
-    assert_error(client.post("/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}), 400, None, "invalid_json")
+    assert_error(
+        client.post("/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}),
+        400,
+        None,
+        "invalid_json",
+    )
 
 
 def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
     good = sst2_lines(12).splitlines()
     bad = b"\n".join([good[0], b"{broken", good[2], b'{"instruction": "x", "output": ""}', *good[4:]])
-    err = assert_error(client.post("/tasks", files={"file": ("d.jsonl", bad)}, data={"name": "sst-2"}), 400, "file", "invalid_dataset")
+    err = assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", bad)}, data={"name": "sst-2"}), 400, "file", "invalid_dataset"
+    )
     assert [(e["line"], e["field"]) for e in err["errors"]] == [(2, ""), (4, "output")]
     assert "line 2" in err["message"] and "line 4" in err["message"]
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "../x"}), 400, "name", "invalid_name")
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "auto"}), 400, "name", "invalid_name")
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": '{"rank": -1}'}), 400, "config.rank")
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": "{"}), 400, "config")
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "magic"}), 400, "method")
-    err = assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "sapt"}), 400, "method")
+    assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "../x"}),
+        400,
+        "name",
+        "invalid_name",
+    )
+    assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "auto"}),
+        400,
+        "name",
+        "invalid_name",
+    )
+    assert_error(
+        client.post(
+            "/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": '{"rank": -1}'}
+        ),
+        400,
+        "config.rank",
+    )
+    assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": "{"}),
+        400,
+        "config",
+    )
+    assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "magic"}),
+        400,
+        "method",
+    )
+    err = assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "sapt"}),
+        400,
+        "method",
+    )
     assert "--router-mode sapt" in err["message"]  # this server routes with dtkr
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "force": "maybe"}), 400, "force")
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(3))}, data={"name": "s"}), 400, "file", "invalid_dataset")
+    assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "force": "maybe"}),
+        400,
+        "force",
+    )
+    assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(3))}, data={"name": "s"}),
+        400,
+        "file",
+        "invalid_dataset",
+    )
     assert_error(client.post("/tasks", files={"name": (None, "s")}), 400, "file", "missing_file")
     assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}), 400, "name", "missing_name")
     assert_error(client.post("/tasks", data={"name": "s"}), 400, None, "invalid_content_type")
-    assert_error(client.post("/tasks", files={"file": ("d.jsonl", b"x" * 400_000)}, data={"name": "s"}), 413, "file", "file_too_large")
+    assert_error(
+        client.post("/tasks", files={"file": ("d.jsonl", b"x" * 400_000)}, data={"name": "s"}),
+        413,
+        "file",
+        "file_too_large",
+    )
     assert client.get("/tasks").json()["data"] == []
     assert components.store.list_latest() == []
     assert_error(client.get("/tasks/job-nope"), 404, "id", "task_not_found")
@@ -141,7 +217,11 @@ def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, comp
 
 def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
     # a random tiny model learns nothing, so the quality gate would refuse it: `force` registers it anyway
-    r = client.post("/tasks", files={"file": ("sst2.jsonl", sst2_lines(40))}, data={"name": "sst-2", "config": FAST, "force": "true"})
+    r = client.post(
+        "/tasks",
+        files={"file": ("sst2.jsonl", sst2_lines(40))},
+        data={"name": "sst-2", "config": FAST, "force": "true"},
+    )
     assert r.status_code == 202, r.text
     job = r.json()
     assert job["status"] in ("queued", "running") and job["skill"] == "sst-2" and job["examples"] == 40
@@ -156,12 +236,17 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
     assert models["sst-2"]["parent"] == "tiny-llama" and models["sst-2"]["version"] == 1
     forced = chat(client, "anything", model="sst-2")
     assert forced.headers["x-skillpool-route"] == "sst-2=1.00" and forced.json()["skillpool"]["reason"] == "forced"
-    test_line = json.loads((dataset_dir("long_sequence", "sst-2") / "test.jsonl").read_text(encoding="utf-8").split("\n")[0])
+    test_line = json.loads(
+        (dataset_dir("long_sequence", "sst-2") / "test.jsonl").read_text(encoding="utf-8").split("\n")[0]
+    )
     routed = chat(client, test_line["instruction"] + "\n" + test_line["input"])
     assert routed.json()["skillpool"]["route"][0]["skill"] == "sst-2"
     assert routed.headers["x-skillpool-route"].startswith("sst-2=")
     off_topic = chat(client, "Write a limerick about a penguin who learns to fly.")
-    assert off_topic.json()["skillpool"]["reason"] == "below_threshold" and off_topic.headers["x-skillpool-route"] == "base"
+    assert (
+        off_topic.json()["skillpool"]["reason"] == "below_threshold"
+        and off_topic.headers["x-skillpool-route"] == "base"
+    )
     assert_error(client.delete(f"/tasks/{job['id']}"), 409, "id", "task_finished")
     # the stored skill is a plain PEFT adapter
     from peft import PeftConfig
@@ -177,7 +262,11 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
 
 
 def test_quality_gate_refuses_a_skill_that_learned_nothing(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
-    r = client.post("/tasks", files={"file": ("s.jsonl", sst2_lines(40))}, data={"name": "sst-2-again", "config": FAST, "method": "kif"})
+    r = client.post(
+        "/tasks",
+        files={"file": ("s.jsonl", sst2_lines(40))},
+        data={"name": "sst-2-again", "config": FAST, "method": "kif"},
+    )
     done = wait_job(client, r.json()["id"])
     assert done["status"] == "failed" and done["error"].startswith("quality gate: new skill scores"), done
     report = done["eval"]
@@ -190,7 +279,11 @@ def test_quality_gate_refuses_a_skill_that_learned_nothing(client: TestClient, c
 
 
 def test_cancel_a_job(client: TestClient) -> None:
-    r = client.post("/tasks", files={"file": ("s.jsonl", sst2_lines(200))}, data={"name": "slow", "config": json.dumps({"epochs": 20})})
+    r = client.post(
+        "/tasks",
+        files={"file": ("s.jsonl", sst2_lines(200))},
+        data={"name": "slow", "config": json.dumps({"epochs": 20})},
+    )
     job_id = r.json()["id"]
     assert client.delete(f"/tasks/{job_id}").status_code == 200
     assert wait_job(client, job_id)["status"] == "cancelled"
@@ -207,7 +300,9 @@ def test_restart_serves_stored_skills(components, tiny_base, embedder) -> None: 
 
 
 def test_api_key_is_required_when_set(components, tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    c = build_components(replace(components.cfg, api_key="sekrit", data_dir=tmp_path), base=tiny_base, embedder=embedder)
+    c = build_components(
+        replace(components.cfg, api_key="sekrit", data_dir=tmp_path), base=tiny_base, embedder=embedder
+    )
     try:
         with TestClient(create_app(c)) as cl:
             assert_error(cl.get("/v1/models"), 401, None, "invalid_api_key")

@@ -1,4 +1,5 @@
 """Wiring a server from its config."""
+
 from __future__ import annotations
 
 from skillpool.router import RouterSettings

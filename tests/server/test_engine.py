@@ -1,4 +1,5 @@
 """The hf engine on a tiny random LLaMA: batching is exact, each row keeps its own mix and parameters."""
+
 from __future__ import annotations
 
 import pytest
@@ -82,7 +83,13 @@ def test_top_p_tiny_is_greedy(engine: HFEngine) -> None:
 
 def test_cancelled_row_stops_early(engine: HFEngine) -> None:
     events: list[GenEvent] = []
-    req = GenRequest(prompt_ids=engine.encode_chat([{"role": "user", "content": "Hi"}]), mix=[], max_tokens=50, temperature=0.0, on_event=events.append)
+    req = GenRequest(
+        prompt_ids=engine.encode_chat([{"role": "user", "content": "Hi"}]),
+        mix=[],
+        max_tokens=50,
+        temperature=0.0,
+        on_event=events.append,
+    )
     req.cancelled.set()
     engine.generate([req])
     assert events[-1].finish_reason == "cancelled"

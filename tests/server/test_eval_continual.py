@@ -1,4 +1,5 @@
 """`skillpool eval continual` end to end on the tiny model: a real server process, real uploads, real HTTP."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,31 @@ CONFIG = json.dumps({"epochs": 1, "max_seq_len": 192})
 
 def run(tmp: Path, tiny_base, method: str, *extra: str) -> dict:  # type: ignore[no-untyped-def]
     out = tmp / f"{method}.json"
-    args = ["eval", "continual", "--tasks", str(dataset_dir("long_sequence", "sst-2")), str(dataset_dir("long_sequence", "qqp")),
-            "--method", method, "--train-limit", "24", "--test-limit", "6", "--json", str(out), "--config", CONFIG,
-            "--force", "--model", str(tiny_base.path), "--max-new-tokens", "4", "--data-dir", str(tmp / method), *extra]
+    args = [
+        "eval",
+        "continual",
+        "--tasks",
+        str(dataset_dir("long_sequence", "sst-2")),
+        str(dataset_dir("long_sequence", "qqp")),
+        "--method",
+        method,
+        "--train-limit",
+        "24",
+        "--test-limit",
+        "6",
+        "--json",
+        str(out),
+        "--config",
+        CONFIG,
+        "--force",
+        "--model",
+        str(tiny_base.path),
+        "--max-new-tokens",
+        "4",
+        "--data-dir",
+        str(tmp / method),
+        *extra,
+    ]
     assert main(args) == 0
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
@@ -43,15 +66,38 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
     assert mtl["matrix"][0] == [None, None] and mtl["AP"] is not None and mtl["BWT"] is None
     t = r["time"]
     assert t["train_tokens"] > 0 and t["train_tokens_per_s"] > 0 and t["baseline_train_tokens"] > 0 and t["total_s"] > 0
-    assert (tmp_path / "plots" / "score_matrix.png").stat().st_size > 0 and (tmp_path / "plots" / "task_curves.png").exists()
+    assert (tmp_path / "plots" / "score_matrix.png").stat().st_size > 0 and (
+        tmp_path / "plots" / "task_curves.png"
+    ).exists()
     # another method reuses this run's single-task scores for FWT
     kif = run(tmp_path, tiny_base, "kif", "--baselines", "", "--reference", str(tmp_path / "isolated.json"))
     assert kif["single_task"] == r["single_task"] and kif["baselines"] == {}
     assert kif["jobs"][1]["status"] == "succeeded"
     with pytest.raises(SystemExit, match="another train_limit"):
-        main(["eval", "continual", "--tasks", str(dataset_dir("long_sequence", "sst-2")), "--method", "kif", "--train-limit", "12",
-              "--json", str(tmp_path / "x.json"), "--reference", str(tmp_path / "isolated.json"), "--config", CONFIG,
-              "--model", str(tiny_base.path), "--baselines", "", "--data-dir", str(tmp_path / "x")])
+        main(
+            [
+                "eval",
+                "continual",
+                "--tasks",
+                str(dataset_dir("long_sequence", "sst-2")),
+                "--method",
+                "kif",
+                "--train-limit",
+                "12",
+                "--json",
+                str(tmp_path / "x.json"),
+                "--reference",
+                str(tmp_path / "isolated.json"),
+                "--config",
+                CONFIG,
+                "--model",
+                str(tiny_base.path),
+                "--baselines",
+                "",
+                "--data-dir",
+                str(tmp_path / "x"),
+            ]
+        )
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """SAPT attentive learning on the tiny LLaMA: the training mix is the serving mix, training leaves the
 model, the frozen block and the input state as they were, and the new block and key take over the new task."""
+
 from __future__ import annotations
 
 import copy
@@ -12,14 +13,24 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, load_peft_adapter, mix_delta, save_peft_adapter
 from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
-from tests.adapters_store.test_lora import random_adapter, tiny_llama
 from skillpool.trainer.attentive import AttentiveLoRALinear, attentive_mix, new_block, train_attentive
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.lora_train import Cancelled, Progress, _collate, answer_loss, encode_example, pad_id
+from tests.adapters_store.test_lora import random_adapter, tiny_llama
 
 # the tiny random LLaMA learns slowly (near-uniform logits, embeddings of std 0.02): large rates, few steps
-CFG = TrainConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj"], epochs=12, batch_size=4,
-                  learning_rate=5e-2, warmup_ratio=0.0, max_seq_len=48, seed=0)
+CFG = TrainConfig(
+    rank=4,
+    alpha=8.0,
+    dropout=0.0,
+    target_modules=["q_proj", "v_proj"],
+    epochs=12,
+    batch_size=4,
+    learning_rate=5e-2,
+    warmup_ratio=0.0,
+    max_seq_len=48,
+    seed=0,
+)
 SETTINGS = SAPTSettings(hidden=16, lr=5e-2, seed=0)
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "paper", "glass", "honey", "mouse", "piano", "chair", "lemon"]
 
@@ -36,7 +47,9 @@ OLD = task("Translate into French the word {}", "le mot {}")
 NEW = task("How many vowels are in {}? Count them.", "There are some vowels.")
 
 
-def rows_mixed_loss(model: Any, tok: Any, blocks: list[LoRAAdapter], weights: torch.Tensor, examples: list[dict[str, Any]]) -> float:
+def rows_mixed_loss(
+    model: Any, tok: Any, blocks: list[LoRAAdapter], weights: torch.Tensor, examples: list[dict[str, Any]]
+) -> float:
     """Answer loss of the model with `blocks` mixed by per-row `weights` (the served model for that routing)."""
     batch = _collate([encode_example(tok, ex, CFG.max_seq_len) for ex in examples], pad_id(tok))
     shim = type("Shim", (), {"get_base_model": lambda self: model})()
@@ -58,16 +71,35 @@ def trained(tiny_base):  # type: ignore[no-untyped-def]
         "model": {k: v.clone() for k, v in model.state_dict().items()},
         "grad": {k: p.requires_grad for k, p in model.named_parameters()},
         "old": {p: (f.A.clone(), f.B.clone()) for p, f in old.modules.items()},
-        "keys": state.keys.clone(), "names": list(state.names), "attention": copy.deepcopy(state.mean_attention),
+        "keys": state.keys.clone(),
+        "names": list(state.names),
+        "attention": copy.deepcopy(state.mean_attention),
         "projector": {k: v.clone() for k, v in state.projector.state_dict().items()},
     }
     progress: list[Progress] = []
     result = train_attentive(
-        model, tok, "new", NEW[:8], [e["route_text"] for e in NEW[8:]], CFG, state, pooler, {"old": old},
-        {"old": [e["route_text"] for e in OLD[:3]]}, on_progress=progress.append,
+        model,
+        tok,
+        "new",
+        NEW[:8],
+        [e["route_text"] for e in NEW[8:]],
+        CFG,
+        state,
+        pooler,
+        {"old": old},
+        {"old": [e["route_text"] for e in OLD[:3]]},
+        on_progress=progress.append,
     )
-    return {"model": model, "tok": tok, "pooler": pooler, "state": state, "old": old, "result": result,
-            "before": before, "progress": progress}
+    return {
+        "model": model,
+        "tok": tok,
+        "pooler": pooler,
+        "state": state,
+        "old": old,
+        "result": result,
+        "before": before,
+        "progress": progress,
+    }
 
 
 def test_wrapped_linears_equal_the_dense_mix_per_row() -> None:
@@ -118,7 +150,9 @@ def test_training_inside_the_mix(trained) -> None:  # type: ignore[no-untyped-de
     after = model.state_dict()
     assert after.keys() == before["model"].keys() and all(torch.equal(after[k], v) for k, v in before["model"].items())
     assert {k: p.requires_grad for k, p in model.named_parameters()} == before["grad"]
-    assert all(torch.equal(old.modules[p].A, a) and torch.equal(old.modules[p].B, b) for p, (a, b) in before["old"].items())
+    assert all(
+        torch.equal(old.modules[p].A, a) and torch.equal(old.modules[p].B, b) for p, (a, b) in before["old"].items()
+    )
     assert state.names == before["names"] == ["old"] and torch.equal(state.keys, before["keys"])
     assert state.mean_attention == before["attention"]
     assert all(torch.equal(v, before["projector"][k]) for k, v in state.projector.state_dict().items())
@@ -135,7 +169,9 @@ def test_training_inside_the_mix(trained) -> None:  # type: ignore[no-untyped-de
     loss_after = rows_mixed_loss(model, tok, [old, result.adapter], w_new, NEW)
     assert loss_after < loss_before - 0.1, (loss_before, loss_after)  # ~10.8 -> ~10.45 here
     progress = trained["progress"]
-    assert [p.step for p in progress] == list(range(1, len(progress) + 1)) and progress[-1].step == progress[-1].total == 24
+    assert [p.step for p in progress] == list(range(1, len(progress) + 1)) and progress[-1].step == progress[
+        -1
+    ].total == 24
     assert progress[-1].tokens > 0 and progress[-1].loss < progress[0].loss
 
 
@@ -166,8 +202,19 @@ def test_the_answer_loss_alone_moves_the_router(trained) -> None:  # type: ignor
     pooled = trained["pooler"]([e["route_text"] for e in NEW[:4]])
     start = state.initial_key(state.projector, pooled, 2)
     cfg = dataclasses.replace(CFG, epochs=1.0)
-    result = train_attentive(trained["model"], trained["tok"], "new", NEW[:4], [], cfg, state, trained["pooler"],
-                             {"old": trained["old"]}, {}, route_weight=0.0)
+    result = train_attentive(
+        trained["model"],
+        trained["tok"],
+        "new",
+        NEW[:4],
+        [],
+        cfg,
+        state,
+        trained["pooler"],
+        {"old": trained["old"]},
+        {},
+        route_weight=0.0,
+    )
     assert result.state.keys is not None and result.state.projector is not None and state.projector is not None
     assert not torch.allclose(result.state.keys[1], start)
     proj = result.state.projector.state_dict()
@@ -176,13 +223,26 @@ def test_the_answer_loss_alone_moves_the_router(trained) -> None:  # type: ignor
 
 def test_missing_earlier_block_is_a_key_error(trained) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(KeyError, match="old"):
-        train_attentive(trained["model"], trained["tok"], "other", NEW[:2], [], CFG, trained["state"], trained["pooler"], {}, {})
+        train_attentive(
+            trained["model"], trained["tok"], "other", NEW[:2], [], CFG, trained["state"], trained["pooler"], {}, {}
+        )
 
 
 def test_cancel_gives_the_model_back(trained) -> None:  # type: ignore[no-untyped-def]
     model = trained["model"]
     with pytest.raises(Cancelled):
-        train_attentive(model, trained["tok"], "new", NEW[:2], [], CFG, trained["state"], trained["pooler"],
-                        {"old": trained["old"]}, {}, should_stop=lambda: True)
+        train_attentive(
+            model,
+            trained["tok"],
+            "new",
+            NEW[:2],
+            [],
+            CFG,
+            trained["state"],
+            trained["pooler"],
+            {"old": trained["old"]},
+            {},
+            should_stop=lambda: True,
+        )
     assert not any(isinstance(m, AttentiveLoRALinear) for m in model.modules())
     assert not model.training and all(p.requires_grad for p in model.parameters())

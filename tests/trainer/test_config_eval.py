@@ -1,4 +1,5 @@
 """Hyperparameter validation and the scoring functions."""
+
 from __future__ import annotations
 
 import pytest
@@ -60,8 +61,13 @@ def test_answer_loss_equals_the_models_own_loss(tiny_base) -> None:  # type: ign
     from skillpool.trainer.lora_train import _collate, answer_loss, encode_example
 
     tok = AutoTokenizer.from_pretrained(str(tiny_base.path))
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_base.path)), LoraConfig(r=4, target_modules=["q_proj"])).eval()
-    exs = [{"messages": [{"role": "user", "content": c}], "answer": a} for c, a in [("Is it good?", "Yes, very"), ("Topic of: stocks fell", "Business")]]
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(tiny_base.path)), LoraConfig(r=4, target_modules=["q_proj"])
+    ).eval()
+    exs = [
+        {"messages": [{"role": "user", "content": c}], "answer": a}
+        for c, a in [("Is it good?", "Yes, very"), ("Topic of: stocks fell", "Business")]
+    ]
     batch = _collate([encode_example(tok, e, 128) for e in exs], tok.pad_token_id)
     labels = batch["labels"]
     assert (labels != -100).sum() == sum(len(tok(e["answer"], add_special_tokens=False)["input_ids"]) + 1 for e in exs)

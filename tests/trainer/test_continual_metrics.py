@@ -1,4 +1,5 @@
 """AP, F.Ra, FWT, BWT on small matrices computed by hand."""
+
 from __future__ import annotations
 
 import pytest

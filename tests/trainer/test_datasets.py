@@ -1,4 +1,5 @@
 """Upload validation: every error case names its line and field; good files normalize to one shape."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,13 @@ def jl(*objs: object) -> bytes:
     return b"\n".join(o if isinstance(o, bytes) else json.dumps(o).encode() for o in objs)
 
 
-GOOD_CHAT = {"messages": [{"role": "system", "content": "Classify."}, {"role": "user", "content": "great film"}, {"role": "assistant", "content": "positive"}]}
+GOOD_CHAT = {
+    "messages": [
+        {"role": "system", "content": "Classify."},
+        {"role": "user", "content": "great film"},
+        {"role": "assistant", "content": "positive"},
+    ]
+}
 GOOD_INST = {"instruction": "Classify the review.", "input": "great film", "output": "positive"}
 
 
@@ -43,7 +50,13 @@ def test_blank_lines_are_skipped() -> None:
         (json.dumps({"messages": [{"role": "bot", "content": "x"}]}).encode(), "messages[0].role", "must be one of"),
         (json.dumps({"messages": [{"role": "user", "content": 3}]}).encode(), "messages[0].content", "string"),
         (json.dumps({"messages": [{"role": "user", "content": "q"}]}).encode(), "messages[0]", "assistant answer"),
-        (json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}).encode(), "messages", "user message"),
+        (
+            json.dumps(
+                {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}
+            ).encode(),
+            "messages",
+            "user message",
+        ),
         (json.dumps({"instruction": "x", "output": ""}).encode(), "output", "non-empty"),
         (json.dumps({"instruction": "", "input": "", "output": "y"}).encode(), "instruction", "both empty"),
         (json.dumps({"instruction": 5, "output": "y"}).encode(), "instruction", "string"),

@@ -1,5 +1,6 @@
 """Recurrent-KIF on a tiny model with real PEFT: the SVD seeding of a new block from existing blocks, the
 masked fusion of each cycle, and that replaying a memory buffer this way protects the earlier task."""
+
 from __future__ import annotations
 
 import pytest
@@ -155,8 +156,16 @@ def test_one_cycle_changes_only_the_masked_coordinates(tiny_base, tok) -> None: 
     # 4 examples at batch size 2 = 2 inner steps = exactly one cycle, then one outer step
     settings = KIFSettings(inner_steps=2, top_q=0.2)
     fit_kif(
-        model, encode(tok, TASK_B), encode(tok, TASK_A), pad_id(tok),
-        epochs=1.0, batch_size=2, learning_rate=1e-2, seed=0, settings=settings, on_progress=on_progress,
+        model,
+        encode(tok, TASK_B),
+        encode(tok, TASK_A),
+        pad_id(tok),
+        epochs=1.0,
+        batch_size=2,
+        learning_rate=1e-2,
+        seed=0,
+        settings=settings,
+        on_progress=on_progress,
     )
     assert [p.step for p in seen] == [1, 2, 3] and {p.total for p in seen} == {3}
     assert all(p.tokens > 0 for p in seen) and seen[-1].tokens > seen[0].tokens
@@ -195,9 +204,17 @@ def test_progress_counts_outer_steps_and_stop_cancels(tiny_base, tok) -> None:  
     # 5 examples at batch size 2: 3 inner steps = one cycle of 2 + a partial cycle of 1, so 2 outer steps
     with pytest.raises(Cancelled):
         fit_kif(
-            model, encode(tok, TASK_B + TASK_C[:1]), encode(tok, TASK_A), pad_id(tok),
-            epochs=1.0, batch_size=2, learning_rate=1e-2, seed=0,
-            settings=KIFSettings(inner_steps=2), on_progress=seen.append, should_stop=stop,
+            model,
+            encode(tok, TASK_B + TASK_C[:1]),
+            encode(tok, TASK_A),
+            pad_id(tok),
+            epochs=1.0,
+            batch_size=2,
+            learning_rate=1e-2,
+            seed=0,
+            settings=KIFSettings(inner_steps=2),
+            on_progress=seen.append,
+            should_stop=stop,
         )
     assert [p.step for p in seen] == [1, 2, 3, 4] and {p.total for p in seen} == {5}
     assert all(p.loss is not None for p in seen)

@@ -1,4 +1,5 @@
 """SAPT pseudo replay: generator LoRA training, sampling, and leaving the base model untouched."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,7 +8,13 @@ import pytest
 import torch
 
 from skillpool.trainer.lora_train import Cancelled, Progress, _collate
-from skillpool.trainer.pseudo import GeneratorConfig, encode_text, generate_pseudo_inputs, pseudo_replay, train_generator
+from skillpool.trainer.pseudo import (
+    GeneratorConfig,
+    encode_text,
+    generate_pseudo_inputs,
+    pseudo_replay,
+    train_generator,
+)
 
 TEXTS = [
     "What is the capital of France?",

@@ -1,14 +1,32 @@
 """The quality gate's verdict and its pieces (the routed re-check runs in tests/server/test_api.py)."""
+
 from __future__ import annotations
 
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.quality import trivial_answer, verdict
 
-NEW = {"metric": "exact_match", "score": 0.8, "base_score": 0.1, "trivial_score": 0.5, "n": 20, "gain": 0.3, "gain_se": 0.1}
+NEW = {
+    "metric": "exact_match",
+    "score": 0.8,
+    "base_score": 0.1,
+    "trivial_score": 0.5,
+    "n": 20,
+    "gain": 0.3,
+    "gain_se": 0.1,
+}
 
 
 def earlier(before: float, after: float) -> dict:
-    return {"old": {"metric": "exact_match", "before": before, "after": after, "drop": before - after, "n": 20, "rerouted": 3}}
+    return {
+        "old": {
+            "metric": "exact_match",
+            "before": before,
+            "after": after,
+            "drop": before - after,
+            "n": 20,
+            "rerouted": 3,
+        }
+    }
 
 
 def test_a_good_skill_passes() -> None:
@@ -47,7 +65,12 @@ def test_an_earlier_skill_that_drops_too_far_fails_and_force_is_recorded() -> No
 
 
 def test_no_held_out_split_skips_the_new_skill_check() -> None:
-    report = verdict({"metric": "rouge_l", "score": None, "base_score": None, "trivial_score": None, "n": 0}, {}, TrainConfig(), False)
+    report = verdict(
+        {"metric": "rouge_l", "score": None, "base_score": None, "trivial_score": None, "n": 0},
+        {},
+        TrainConfig(),
+        False,
+    )
     assert report["passed"]
 
 

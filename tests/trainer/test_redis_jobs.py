@@ -1,5 +1,6 @@
 """The Redis job queue against the real Redis: a server that only enqueues, a worker elsewhere that
 trains into the shared store, and the skill_registered event that makes the server serve it."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components, make_runner
 from skillpool.server.config import ServerConfig
 from skillpool.server.metrics import Metrics
-from tests.conftest import dataset_dir, wait_job
 from skillpool.trainer.redis_jobs import RedisJobQueue
 from skillpool.trainer.worker import SkillTrainer
+from tests.conftest import dataset_dir, wait_job
 
 URL = os.environ.get("SKILLPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -49,8 +50,11 @@ def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embe
     lines = (dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()
     try:
         with TestClient(create_app(server)) as client:
-            r = client.post("/tasks", files={"file": ("s.jsonl", b"\n".join(lines[:30]))},
-                            data={"name": "sst-2", "config": json.dumps({"epochs": 1}), "force": "true"})
+            r = client.post(
+                "/tasks",
+                files={"file": ("s.jsonl", b"\n".join(lines[:30]))},
+                data={"name": "sst-2", "config": json.dumps({"epochs": 1}), "force": "true"},
+            )
             assert r.status_code == 202, r.text
             job = wait_job(client, r.json()["id"])
             assert job["status"] == "succeeded" and job["skill_version"] == 1, job
@@ -59,12 +63,17 @@ def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embe
             while "sst-2" not in [m["id"] for m in client.get("/v1/models").json()["data"]] and time.time() < deadline:
                 time.sleep(0.2)
             assert server.pool.get("sst-2") is not None, "the skill_registered event did not reach the server"
-            forced = client.post("/v1/chat/completions", json={"model": "sst-2", "messages": [{"role": "user", "content": "hi"}]})
+            forced = client.post(
+                "/v1/chat/completions", json={"model": "sst-2", "messages": [{"role": "user", "content": "hi"}]}
+            )
             assert forced.headers["x-skillpool-route"] == "sst-2=1.00"
 
             # A cancelled job ends cancelled whether the worker had taken it or not.
-            r = client.post("/tasks", files={"file": ("s.jsonl", b"\n".join(lines[:200]))},
-                            data={"name": "slow", "config": json.dumps({"epochs": 20})})
+            r = client.post(
+                "/tasks",
+                files={"file": ("s.jsonl", b"\n".join(lines[:200]))},
+                data={"name": "slow", "config": json.dumps({"epochs": 20})},
+            )
             job_id = r.json()["id"]
             assert server.jobs.depth() == 1  # queued or running, counted without reading every record
             assert client.delete(f"/tasks/{job_id}").status_code == 200

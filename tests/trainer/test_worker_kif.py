@@ -1,15 +1,16 @@
 """A kif job starts its block from the nearest earlier blocks even when the new task's prompts have
 another format (the usual case: the open-set and format gates would send its inputs to the base model)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router, RouterSettings
-from tests.conftest import dataset_dir
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.worker import SkillTrainer
+from tests.conftest import dataset_dir
 
 
 def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]
@@ -17,7 +18,9 @@ def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]
     return parse_jsonl(b"\n".join(lines))
 
 
-def test_kif_starts_from_the_nearest_block_that_the_gates_would_not_route_to(tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_kif_starts_from_the_nearest_block_that_the_gates_would_not_route_to(
+    tiny_base, embedder, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder, RouterSettings()), tiny_base)
     cfg = TrainConfig(epochs=1.0, max_eval_examples=4, max_seq_len=128)
     first = trainer.run("agnews", examples("agnews", 40), cfg, "isolated", force=True)

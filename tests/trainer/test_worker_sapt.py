@@ -1,5 +1,6 @@
 """A trainer worker in sapt mode: it learns each skill into the shared SAPT state read from the store,
 stores the skill's key, projector and mean attention, and (replay=pseudo) its generated pseudo inputs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,10 +10,10 @@ import torch
 
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
-from tests.conftest import dataset_dir
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.worker import SkillTrainer
+from tests.conftest import dataset_dir
 
 
 def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]
@@ -24,7 +25,9 @@ def test_sapt_worker_learns_into_the_stored_state(tiny_base, embedder, tmp_path:
     settings = RouterSettings(mode="sapt", sapt=SAPTSettings(replay="pseudo", steps=30))
     store = SkillStore(tmp_path)
     # a private router (as in `skillpool worker`): everything it knows comes from the store
-    trainer = SkillTrainer(store, Router(embedder, settings, TokenPooler.from_checkpoint(tiny_base.path)), tiny_base, sync_router=True)
+    trainer = SkillTrainer(
+        store, Router(embedder, settings, TokenPooler.from_checkpoint(tiny_base.path)), tiny_base, sync_router=True
+    )
     cfg = TrainConfig(epochs=1.0, max_eval_examples=4, replay_fraction=0.05, max_seq_len=128)
     first = trainer.run("sst-2", examples("sst-2", 40), cfg, "isolated", force=True)
     second = trainer.run("agnews", examples("agnews", 40), cfg, "isolated", force=True)
@@ -52,8 +55,12 @@ def test_sapt_worker_learns_into_the_stored_state(tiny_base, embedder, tmp_path:
 def test_method_sapt_trains_the_block_inside_the_earlier_blocks_mix(tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     settings = RouterSettings(mode="sapt", sapt=SAPTSettings(steps=20))
     store = SkillStore(tmp_path)
-    trainer = SkillTrainer(store, Router(embedder, settings, TokenPooler.from_checkpoint(tiny_base.path)), tiny_base, sync_router=True)
-    cfg = TrainConfig(epochs=1.0, max_eval_examples=4, replay_fraction=0.05, max_seq_len=128, target_modules=["q_proj", "v_proj"])
+    trainer = SkillTrainer(
+        store, Router(embedder, settings, TokenPooler.from_checkpoint(tiny_base.path)), tiny_base, sync_router=True
+    )
+    cfg = TrainConfig(
+        epochs=1.0, max_eval_examples=4, replay_fraction=0.05, max_seq_len=128, target_modules=["q_proj", "v_proj"]
+    )
     first = trainer.run("sst-2", examples("sst-2", 24), cfg, "sapt", force=True)
     first_adapter = first.adapter()
     second = trainer.run("agnews", examples("agnews", 24), cfg, "sapt", force=True)
