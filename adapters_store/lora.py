@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 Mix = Sequence[tuple[str, float]]  # [(skill, weight), ...]
 
@@ -130,14 +129,12 @@ def mix_delta(mix: Sequence[tuple[LoRAFactors, float]]) -> Tensor:
 
 
 class MixedLoRALinear(nn.Module):
-    """A frozen Linear plus a per-batch stack of LoRA blocks with per-row block weights."""
+    """A frozen Linear plus, while a mix is active, each batch row's own weighted LoRA blocks."""
 
     def __init__(self, base: nn.Linear) -> None:
         super().__init__()
         self.base = base
-        self.A_cat: Tensor | None = None  # (R, in)
-        self.B_cat: Tensor | None = None  # (out, R)
-        self.row_scale: Tensor | None = None  # (batch, R): w_i · s_i on block i's columns, else 0
+        self.plan: RowBlocks | None = None
 
     @property
     def weight(self) -> Tensor:  # transformers inspects .weight (dtype/device) on some paths
@@ -145,31 +142,86 @@ class MixedLoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.base(x)
-        if self.A_cat is None or self.row_scale is None or self.B_cat is None:
-            return y
-        h = F.linear(x, self.A_cat)  # (b, t, R)
-        scale = self.row_scale.to(h.dtype)
-        h = h * (scale[:, None, :] if h.dim() == 3 else scale)
-        return y + F.linear(h, self.B_cat)
+        return y if self.plan is None else y + self.plan.delta(x)
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """One module's blocks for one batch: row b uses slots idx[b] with scales w·s (0 pads a short mix).
+
+    The LoRAX/Punica way: each row multiplies only by its own k blocks, gathered from the module's stack
+    of resident blocks, so the cost grows with a row's own rank, not with the union of the batch's skills
+    (16 rows with distinct k=3 mixes would otherwise stack 48 blocks for every row).
+    """
+
+    A: Tensor  # (slots, r_max, in): every resident skill's A, zero-padded to the largest rank
+    B: Tensor  # (slots, out, r_max)
+    idx: Tensor  # (batch, k) slot of each of the row's blocks
+    scale: Tensor  # (batch, k * r_max) w_i · s_i on block i's rank columns
+
+    def delta(self, x: Tensor) -> Tensor:
+        b, k = self.idx.shape
+        r = self.A.shape[1]
+        A = self.A[self.idx].reshape(b, k * r, -1)  # (b, kr, in)
+        B = self.B[self.idx].permute(0, 2, 1, 3).reshape(b, self.B.shape[1], k * r)  # (b, out, kr)
+        x3 = x if x.dim() == 3 else x[:, None, :]
+        h = torch.bmm(x3, A.transpose(1, 2)) * self.scale.to(x.dtype)[:, None, :]
+        out = torch.bmm(h, B.transpose(1, 2))
+        return out if x.dim() == 3 else out[:, 0, :]
+
+
+class _ModuleStack:
+    """Every resident skill's block for one module, in slots (in place: adding a skill copies only its own)."""
+
+    def __init__(self, layer: MixedLoRALinear, device: torch.device, dtype: torch.dtype) -> None:
+        self.layer, self.device, self.dtype = layer, device, dtype
+        self.A = torch.zeros(0, 0, layer.base.in_features, device=device, dtype=dtype)
+        self.B = torch.zeros(0, layer.base.out_features, 0, device=device, dtype=dtype)
+        self.scaling = torch.zeros(0, device=device, dtype=torch.float32)
+
+    def _grow(self, slots: int, rank: int) -> None:
+        n, r = self.A.shape[0], self.A.shape[1]
+        if slots <= n and rank <= r:
+            return
+        n2, r2 = max(n, slots, 2 * n), max(r, rank)
+        A = torch.zeros(n2, r2, self.A.shape[2], device=self.device, dtype=self.dtype)
+        B = torch.zeros(n2, self.B.shape[1], r2, device=self.device, dtype=self.dtype)
+        A[:n, :r], B[:n, :, :r] = self.A, self.B
+        scaling = torch.zeros(n2, device=self.device, dtype=torch.float32)
+        scaling[:n] = self.scaling
+        self.A, self.B, self.scaling = A, B, scaling
+
+    def put(self, slot: int, f: LoRAFactors | None) -> None:
+        self._grow(slot + 1, f.rank if f is not None else 0)
+        self.A[slot].zero_()
+        self.B[slot].zero_()
+        self.scaling[slot] = 0.0
+        if f is not None:
+            self.A[slot, : f.rank] = f.A.to(self.device, self.dtype)
+            self.B[slot, :, : f.rank] = f.B.to(self.device, self.dtype)
+            self.scaling[slot] = f.scaling
 
 
 class LoRABank:
-    """Holds every loaded skill's factors for one base model and applies per-row mixes to it.
+    """Holds the resident skills' factors for one base model and applies per-row mixes to it.
 
-    `install` swaps the target Linears of the model for MixedLoRALinear once; `mixed(mixes)` then
-    sets, for the duration of one batched forward/generate, each row's weighted blocks.
+    Target Linears of the model are swapped for MixedLoRALinear once, on first use; each skill owns a
+    slot in every module's stack. `mixed(mixes)` (or `activate`/`deactivate`) sets, for the batched
+    forwards in between, each row's weighted blocks.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.layers: dict[str, MixedLoRALinear] = {}
+        self.stacks: dict[str, _ModuleStack] = {}
         self.adapters: dict[str, LoRAAdapter] = {}
+        self.slots: dict[str, int] = {}
+        self._free: list[int] = []
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
-    def _ensure_wrapped(self, path: str) -> MixedLoRALinear:
-        if path in self.layers:
-            return self.layers[path]
+    def _stack(self, path: str) -> _ModuleStack:
+        if path in self.stacks:
+            return self.stacks[path]
         parent_path, _, attr = path.rpartition(".")
         parent = self.model.get_submodule(parent_path)
         base = getattr(parent, attr)
@@ -180,52 +232,69 @@ class LoRABank:
             setattr(parent, attr, layer)
         else:
             raise UnsupportedAdapter(f"{path} is {type(base).__name__}, not a Linear layer")
-        self.layers[path] = layer
-        return layer
+        stack = self.stacks[path] = _ModuleStack(layer, self.device, self.dtype)
+        stack._grow(len(self.slots) + len(self._free), 0)
+        return stack
 
     def add(self, name: str, adapter: LoRAAdapter) -> None:
-        """Register (or replace) a skill's blocks; safe to call while no batch is running."""
+        """Register (or replace) a skill's blocks; call it while no batch is running."""
         for path, f in adapter.modules.items():
-            layer = self._ensure_wrapped(path)
-            if f.A.shape[1] != layer.base.in_features or f.B.shape[0] != layer.base.out_features:
+            base = self._stack(path).layer.base
+            if f.A.shape[1] != base.in_features or f.B.shape[0] != base.out_features:
                 raise UnsupportedAdapter(f"adapter {name!r} does not fit {path}: shapes differ from the base model")
-        self.adapters[name] = LoRAAdapter(
-            modules={
-                p: LoRAFactors(f.A.to(self.device, self.dtype), f.B.to(self.device, self.dtype), f.scaling)
-                for p, f in adapter.modules.items()
-            }
-        )
+        slot = self.slots.get(name)
+        if slot is None:
+            slot = self._free.pop() if self._free else len(self.slots)
+        for path, stack in self.stacks.items():
+            stack.put(slot, adapter.modules.get(path))
+        self.slots[name] = slot
+        self.adapters[name] = adapter
 
     def remove(self, name: str) -> None:
+        slot = self.slots.pop(name, None)
         self.adapters.pop(name, None)
+        if slot is not None:
+            for stack in self.stacks.values():
+                stack.put(slot, None)
+            self._free.append(slot)
 
     def __contains__(self, name: str) -> bool:
         return name in self.adapters
 
+    def __len__(self) -> int:
+        return len(self.adapters)
+
+    def activate(self, mixes: Sequence[Mix]) -> None:
+        """Row b of every batched forward from now on uses `mixes[b]` (empty = base model)."""
+        unknown = sorted({s for mix in mixes for s, w in mix if w != 0.0 and s not in self.slots})
+        if unknown:
+            raise KeyError(f"unknown skills in mix: {unknown}")
+        k = max((len(m) for m in mixes), default=0)
+        if k == 0 or not self.stacks:
+            self.deactivate()
+            return
+        idx = torch.zeros(len(mixes), k, dtype=torch.long)
+        weight = torch.zeros(len(mixes), k, dtype=torch.float32)
+        for b, mix in enumerate(mixes):
+            for j, (s, w) in enumerate(mix):
+                if w != 0.0:
+                    idx[b, j], weight[b, j] = self.slots[s], w
+        idx = idx.to(self.device)
+        weight = weight.to(self.device)
+        for stack in self.stacks.values():
+            r = stack.A.shape[1]
+            scale = (weight * stack.scaling[idx])[:, :, None].expand(-1, -1, r).reshape(len(mixes), k * r)
+            stack.layer.plan = RowBlocks(stack.A, stack.B, idx, scale)
+
+    def deactivate(self) -> None:
+        for stack in self.stacks.values():
+            stack.layer.plan = None
+
     @contextmanager
     def mixed(self, mixes: Sequence[Mix]) -> Iterator[None]:
         """Within the block, row b of any batch forward uses mix `mixes[b]` (empty = base model)."""
-        used = sorted({s for mix in mixes for s, w in mix if w != 0.0})
-        unknown = [s for s in used if s not in self.adapters]
-        if unknown:
-            raise KeyError(f"unknown skills in mix: {unknown}")
+        self.activate(mixes)
         try:
-            for path, layer in self.layers.items():
-                blocks = [(s, self.adapters[s].modules[path]) for s in used if path in self.adapters[s].modules]
-                if not blocks:
-                    continue
-                layer.A_cat = torch.cat([f.A for _, f in blocks], dim=0)
-                layer.B_cat = torch.cat([f.B for _, f in blocks], dim=1)
-                scale = torch.zeros(len(mixes), layer.A_cat.shape[0], device=self.device, dtype=torch.float32)
-                for b, mix in enumerate(mixes):
-                    weights = dict(mix)
-                    col = 0
-                    for s, f in blocks:
-                        if s in weights:
-                            scale[b, col : col + f.rank] = weights[s] * f.scaling
-                        col += f.rank
-                layer.row_scale = scale
             yield
         finally:
-            for layer in self.layers.values():
-                layer.A_cat = layer.B_cat = layer.row_scale = None
+            self.deactivate()

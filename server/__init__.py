@@ -1,1 +1,1 @@
-"""The HTTP server: OpenAI-compatible API, batching scheduler, engines, CLI, config and metrics."""
+"""The HTTP server: OpenAI-compatible API, routing stage, engines, CLI, config and metrics."""

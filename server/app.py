@@ -24,11 +24,11 @@ from skillpool.trainer.datasets import DatasetError, parse_jsonl, route_text
 from skillpool.trainer.jobs import Job, JobQueue, new_job_id
 
 from .config import ServerConfig
-from .engine_hf import GenEvent, HFEngine
+from .engines import Engine, EngineBusy, EngineEvent, EngineRequest, SamplingParams
 from .errors import APIError, install_handlers
 from .metrics import Metrics
 from .openai_api import ChatParams, chat_chunk, chat_completion, completion_id, parse_chat_request, route_field
-from .scheduler import Pending, QueueFull, Scheduler
+from .routing import RoutingStage
 from .skills import SkillPool
 
 log = logging.getLogger(__name__)
@@ -39,17 +39,18 @@ class Components:
     cfg: ServerConfig
     base: BaseModel
     store: SkillStore
-    engine: HFEngine
+    engine: Engine
     router: Router
     pool: SkillPool
     jobs: JobQueue
-    scheduler: Scheduler
+    routing: RoutingStage
     metrics: Metrics
     started: float
 
     def close(self) -> None:
-        self.scheduler.close()
+        self.routing.close()
         self.jobs.close()
+        self.engine.close()
 
 
 def _target(c: Components, model: str) -> str:
@@ -100,17 +101,25 @@ def create_app(c: Components) -> FastAPI:
 
     # --- health & metrics ---------------------------------------------------------------------
     @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {
-            "status": "ok",
+    async def healthz() -> JSONResponse:
+        ok = c.engine.healthy() and c.routing.alive()
+        body = {
+            "status": "ok" if ok else "unhealthy",
             "model": c.base.model_id,
+            "engine": c.engine.name,
             "skills": len(c.pool.records()),
             "uptime_s": round(time.time() - c.started, 1),
+            **c.engine.stats(),
         }
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         m.training_queue.set(c.jobs.depth())
+        stats = c.engine.stats()
+        m.queue_depth.set(stats["waiting"])
+        m.running.set(stats["running"])
+        m.resident_skills.set(stats["resident_skills"])
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
     # --- models -------------------------------------------------------------------------------
@@ -148,13 +157,15 @@ def create_app(c: Components) -> FastAPI:
     # --- chat ---------------------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
+        t0 = time.perf_counter()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise APIError(400, "request body is not valid JSON", None, "invalid_json") from None
         params = parse_chat_request(body)
         target = _target(c, params.model)
-        prompt_ids = c.engine.encode_chat(params.messages)
+        # a long prompt takes seconds to template and tokenize: never on the event loop
+        prompt_ids = await asyncio.to_thread(c.engine.encode_chat, params.messages)
         room = c.engine.max_context - len(prompt_ids)
         if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
             raise APIError(
@@ -164,74 +175,93 @@ def create_app(c: Components) -> FastAPI:
                 "messages" if room < 1 else "max_tokens",
                 "context_length_exceeded",
             )
-        p = Pending(
-            prompt_ids=prompt_ids,
-            route_text=route_text(params.messages),
-            target=target,
+        decision = await c.routing.decide(route_text(params.messages), target)
+        cid = completion_id()
+        sampling = SamplingParams(
             max_tokens=params.max_tokens or min(room, c.cfg.default_max_tokens),
             temperature=params.temperature,
             top_p=params.top_p,
             seed=params.seed,
-            stop=params.stop,
-            loop=asyncio.get_running_loop(),
+            stop=tuple(params.stop),
         )
+        events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, tuple(decision.route)))
         try:
-            c.scheduler.submit(p)
-        except QueueFull:
+            first = await anext(events)  # submits: a full queue answers 429 before any response starts
+        except EngineBusy as e:
             raise APIError(
-                503, "the server is busy: too many requests waiting, retry later", None, "server_busy"
+                429,
+                f"the server is busy ({e.waiting} requests waiting); retry later",
+                None,
+                "server_busy",
+                headers={"Retry-After": str(e.retry_after_s)},
             ) from None
-        t0 = time.perf_counter()
-        try:
-            kind, decision = await p.events.get()
-        except asyncio.CancelledError:
-            p.cancelled.set()
-            raise
-        if kind == "error":
-            raise APIError(500, f"generation failed: {decision}", None, "internal_error")
+        if first.finish_reason == "error":
+            raise APIError(500, f"generation failed: {first.error}", None, "internal_error")
         headers = {"x-skillpool-route": decision.header()}
         m.tokens.labels("prompt").inc(len(prompt_ids))
+        stream = _timed(first, events, t0)
         if params.stream:
-            return StreamingResponse(_stream(p, params, decision, t0), media_type="text/event-stream", headers=headers)
-        return await _complete(p, params, decision, t0, headers)
+            return StreamingResponse(
+                _stream(cid, stream, params, decision, len(prompt_ids)), media_type="text/event-stream", headers=headers
+            )
+        return await _complete(request, cid, stream, params, decision, len(prompt_ids), headers)
 
-    async def _events(p: Pending, t0: float) -> AsyncIterator[GenEvent]:
-        first: float | None = None
+    async def _timed(first: EngineEvent, events: AsyncIterator[EngineEvent], t0: float) -> AsyncIterator[EngineEvent]:
+        """The request's events with latency metrics; closing it early aborts the request in the engine."""
+        t_first = time.perf_counter()
+        m.ttft.observe(t_first - t0)
+        ev = first
         try:
             while True:
-                kind, ev = await p.events.get()
-                if kind == "error":
-                    raise ev
-                if first is None and (ev.text or ev.finish_reason):
-                    first = time.perf_counter()
-                    m.ttft.observe(first - t0)
+                if ev.finish_reason == "error":
+                    raise RuntimeError(ev.error or "generation failed")
                 yield ev
                 if ev.finish_reason is not None:
-                    if first is not None and ev.tokens > 1:
-                        m.inter_token.observe((time.perf_counter() - first) / (ev.tokens - 1))
+                    if ev.tokens > 1:
+                        m.inter_token.observe((time.perf_counter() - t_first) / (ev.tokens - 1))
                     m.tokens.labels("completion").inc(ev.tokens)
                     m.request_seconds.labels("/v1/chat/completions").observe(time.perf_counter() - t0)
                     return
+                ev = await anext(events)
         finally:
-            p.cancelled.set()  # no-op when finished; stops the row if the client went away
+            await events.aclose()  # type: ignore[attr-defined]
 
-    async def _complete(p: Pending, params: ChatParams, d: Decision, t0: float, headers: dict[str, str]) -> Response:
+    async def _complete(
+        request: Request,
+        cid: str,
+        stream: AsyncIterator[EngineEvent],
+        params: ChatParams,
+        d: Decision,
+        n_prompt: int,
+        headers: dict[str, str],
+    ) -> Response:
         parts: list[str] = []
         finish, ntok = "stop", 0
-        async for ev in _events(p, t0):
-            parts.append(ev.text)
-            finish, ntok = ev.finish_reason or finish, ev.tokens
-        usage = {
-            "prompt_tokens": len(p.prompt_ids),
-            "completion_tokens": ntok,
-            "total_tokens": len(p.prompt_ids) + ntok,
-        }
-        return JSONResponse(
-            chat_completion(completion_id(), params.model, "".join(parts), finish, usage, d), headers=headers
-        )
 
-    async def _stream(p: Pending, params: ChatParams, d: Decision, t0: float) -> AsyncIterator[str]:
-        cid, created = completion_id(), int(time.time())
+        async def collect() -> None:
+            nonlocal finish, ntok
+            async for ev in stream:
+                parts.append(ev.text)
+                finish, ntok = ev.finish_reason or finish, ev.tokens
+
+        task = asyncio.ensure_future(collect())
+        while not task.done():  # a client that disconnects aborts its request and frees its slot
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if not done and await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return Response(status_code=499)
+        try:
+            task.result()
+        except RuntimeError as e:
+            raise APIError(500, f"generation failed: {e}", None, "internal_error") from None
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": ntok, "total_tokens": n_prompt + ntok}
+        return JSONResponse(chat_completion(cid, params.model, "".join(parts), finish, usage, d), headers=headers)
+
+    async def _stream(
+        cid: str, stream: AsyncIterator[EngineEvent], params: ChatParams, d: Decision, n_prompt: int
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
 
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj)}\n\n"
@@ -241,7 +271,7 @@ def create_app(c: Components) -> FastAPI:
         )
         ntok = 0
         try:
-            async for ev in _events(p, t0):
+            async for ev in stream:
                 ntok = ev.tokens
                 if ev.text:
                     yield sse(chat_chunk(cid, params.model, created, {"content": ev.text}))
@@ -261,11 +291,7 @@ def create_app(c: Components) -> FastAPI:
             )
             return
         if params.include_usage:
-            usage = {
-                "prompt_tokens": len(p.prompt_ids),
-                "completion_tokens": ntok,
-                "total_tokens": len(p.prompt_ids) + ntok,
-            }
+            usage = {"prompt_tokens": n_prompt, "completion_tokens": ntok, "total_tokens": n_prompt + ntok}
             yield sse(chat_chunk(cid, params.model, created, None, usage=usage))
         yield "data: [DONE]\n\n"
 

@@ -1,4 +1,4 @@
-"""Wiring: build the store, engine, router, skill pool, trainer queue and scheduler from a config."""
+"""Wiring: build the store, engine, router, routing stage, skill pool and trainer queue from a config."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from skillpool.trainer.worker import SkillTrainer
 
 from .app import Components
 from .config import ServerConfig
-from .engine_hf import HFEngine
+from .engines import Engine
 from .metrics import Metrics
-from .scheduler import Scheduler
+from .routing import RoutingStage
 from .skills import SkillPool
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,27 @@ def make_router(
     return Router(embedder or SentenceEmbedder(device=device), settings, pooler)
 
 
+def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = None) -> Engine:
+    """The engine `cfg.engine` names, for this base model."""
+    if cfg.engine == "hf":
+        from .engines.hf import HFEngine
+
+        return HFEngine(
+            base.path,
+            device=cfg.device,
+            max_num_seqs=cfg.max_batch_size,
+            max_batched_tokens=cfg.max_batched_tokens,
+            max_waiting=cfg.max_waiting,
+            max_loaded_skills=cfg.max_loaded_skills,
+            on_step=metrics.batch_size.observe if metrics is not None else None,
+        )
+    raise ValueError(f"unknown engine {cfg.engine!r}")
+
+
 def build_components(
     cfg: ServerConfig,
     base: BaseModel | None = None,
-    engine: HFEngine | None = None,
+    engine: Engine | None = None,
     embedder: Embedder | None = None,
     trainer: SkillTrainer | None = None,
 ) -> Components:
@@ -59,7 +76,7 @@ def build_components(
     base = base or resolve_base_model(cfg.model)
     metrics = Metrics()
     store = SkillStore(cfg.data_dir)
-    engine = engine or HFEngine(base.path, device=cfg.device)
+    engine = engine or make_engine(cfg, base, metrics)
     router = make_router(cfg.router, base, embedder, cfg.device)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
@@ -73,5 +90,5 @@ def build_components(
         if runner is None:
             raise ValueError("without a Redis URL this server must run the trainer itself")
         jobs = LocalJobQueue(cfg.data_dir / "jobs", runner=runner, on_success=pool.register, on_finish=count)
-    scheduler = Scheduler(engine, router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_waiting)
-    return Components(cfg, base, store, engine, router, pool, jobs, scheduler, metrics, time.time())
+    routing = RoutingStage(router, metrics, cfg.batch_window_s, cfg.max_batch_size)
+    return Components(cfg, base, store, engine, router, pool, jobs, routing, metrics, time.time())

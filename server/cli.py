@@ -13,6 +13,7 @@ from skillpool.router import MODES, RouterSettings
 from skillpool.router.sapt import REPLAY_SOURCES
 
 from .config import ServerConfig
+from .engines import ENGINES
 
 
 def _router_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,9 +90,27 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="require this bearer token (env SKILLPOOL_API_KEY)",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--batch-window-ms", type=float, default=d.batch_window_s * 1000)
-    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    p.add_argument("--max-waiting", type=int, default=d.max_waiting)
+    p.add_argument("--engine", choices=ENGINES, default=d.engine, help="the engine that generates")
+    p.add_argument(
+        "--batch-window-ms",
+        type=float,
+        default=d.batch_window_s * 1000,
+        help="routing: wait this long to batch embeddings",
+    )
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="rows decoding at once")
+    p.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        default=d.max_batched_tokens,
+        help="tokens per engine step (decode rows + prefill); longer prompts are prefilled in chunks",
+    )
+    p.add_argument("--max-waiting", type=int, default=d.max_waiting, help="beyond this many waiting requests: 429")
+    p.add_argument(
+        "--max-loaded-skills",
+        type=int,
+        default=d.max_loaded_skills,
+        help="keep only this many skills' adapters in the engine (least recently used leave; default: all)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     _router_arguments(p)
     p.add_argument(
@@ -173,9 +192,12 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=args.api_key,
         device=args.device,
+        engine=args.engine,
         batch_window_s=args.batch_window_ms / 1000,
         max_batch_size=args.max_batch_size,
+        max_batched_tokens=args.max_batched_tokens,
         max_waiting=args.max_waiting,
+        max_loaded_skills=args.max_loaded_skills,
         default_max_tokens=args.default_max_tokens,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,

@@ -16,9 +16,12 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # when set, /v1 and /tasks need "Authorization: Bearer <key>"
     device: str | None = None  # None: cuda if available, else cpu
-    batch_window_s: float = 0.01  # how long the first request of a batch waits for company
-    max_batch_size: int = 32
-    max_waiting: int = 256  # requests queued beyond this get 503
+    engine: str = "hf"  # which engine serves (server.engines.ENGINES)
+    batch_window_s: float = 0.01  # routing: how long the first request waits for company to embed with
+    max_batch_size: int = 32  # rows decoding at once in the engine (vLLM's max_num_seqs)
+    max_batched_tokens: int = 512  # tokens one engine step may process: decode rows + prefill (chunked beyond)
+    max_waiting: int = 256  # requests waiting for the engine beyond this get 429 with Retry-After
+    max_loaded_skills: int | None = None  # adapters resident in the engine (LRU); None: every skill
     default_max_tokens: int = 512
     max_upload_bytes: int = 50 * 1024 * 1024
     max_upload_examples: int = 100_000

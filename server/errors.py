@@ -25,10 +25,17 @@ _TYPES = {
 
 class APIError(Exception):
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, **extra: Any
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.extra = status, message, param, code, extra
+        self.headers = headers or {}
 
 
 def envelope(
@@ -46,7 +53,9 @@ def envelope(
 
 
 def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(envelope(err.status, err.message, err.param, err.code, **err.extra), status_code=err.status)
+    return JSONResponse(
+        envelope(err.status, err.message, err.param, err.code, **err.extra), status_code=err.status, headers=err.headers
+    )
 
 
 def install_handlers(app: Any) -> None:

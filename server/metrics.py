@@ -50,10 +50,10 @@ class Metrics:
             registry=r,
         )
         self.batch_size = Histogram(
-            "skillpool_batch_size", "Requests per engine batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
+            "skillpool_batch_size", "Rows in each engine decode step", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
         )
         self.queue_depth = Gauge("skillpool_queue_depth", "Requests waiting for the engine", registry=r)
-        self.running = Gauge("skillpool_requests_running", "Requests in the running batch", registry=r)
+        self.running = Gauge("skillpool_requests_running", "Requests in the engine's running batch", registry=r)
         self.skills = Gauge("skillpool_skills", "Skills registered and routable", registry=r)
         self.training_jobs = Counter(
             "skillpool_training_jobs_total", "Training jobs finished, by status", ["status"], registry=r
@@ -74,4 +74,7 @@ class Metrics:
             "Held-out score of each skill at training time",
             ["skill", "metric"],
             registry=r,
+        )
+        self.resident_skills = Gauge(
+            "skillpool_resident_skills", "Skills whose adapter weights are loaded in the engine now", registry=r
         )

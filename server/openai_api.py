@@ -9,6 +9,7 @@ from typing import Any
 
 from skillpool.router import Decision
 
+from .engines.protocol import SEED_MAX, SEED_MIN
 from .errors import APIError
 
 _ROLES = {"system", "developer", "user", "assistant"}
@@ -134,8 +135,8 @@ def parse_chat_request(body: Any) -> ChatParams:
         raise APIError(400, "stop must be a string or a list of at most 4 strings", "stop", "invalid_value")
     stops = [s for s in stops if s]
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise APIError(400, "seed must be an integer", "seed", "invalid_value")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX):
+        raise APIError(400, f"seed must be a 64-bit signed integer, got {seed!r}", "seed", "invalid_value")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise APIError(400, "stream must be a boolean", "stream", "invalid_value")

@@ -9,14 +9,14 @@ from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.store import SkillRecord, SkillStore
 from skillpool.router import Features, Router
 
-from .engine_hf import HFEngine
+from .engines import Engine
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
 class SkillPool:
-    def __init__(self, store: SkillStore, engine: HFEngine, router: Router, base: BaseModel, metrics: Metrics) -> None:
+    def __init__(self, store: SkillStore, engine: Engine, router: Router, base: BaseModel, metrics: Metrics) -> None:
         self.store, self.engine, self.router, self.base, self.metrics = store, engine, router, base, metrics
         self._records: dict[str, SkillRecord] = {}
         self._probe_feats: dict[tuple[str, int], Features] = {}  # probe features, computed once per version
@@ -37,10 +37,11 @@ class SkillPool:
         fp = rec.meta.get("base_model", {}).get("fingerprint")
         if fp != self.base.fingerprint:
             raise ValueError(f"trained on another base model (fingerprint {fp}, serving {self.base.fingerprint})")
-        adapter = rec.adapter()
         tensors = rec.router_tensors()
         with self._lock:
-            self.engine.add_adapter(rec.name, adapter)
+            # the engine reads the adapter from the store when a request first needs it (and again after an
+            # LRU eviction), so a 1,000-skill pool costs memory only for the skills in use
+            self.engine.add_skill(rec.name, rec.adapter)
             self.router.add_skill(rec.name, tensors, (rec.meta.get("router") or {}).get("sapt_attention"))
             self._records[rec.name] = rec
             self.metrics.skills.set(len(self._records))

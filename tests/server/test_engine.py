@@ -1,58 +1,135 @@
-"""The hf engine on a tiny random LLaMA: batching is exact, each row keeps its own mix and parameters."""
+"""The hf engine on a tiny random LLaMA: continuous batching is exact, each row keeps its own mix,
+parameters and budget, and one request's trouble stays its own."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
-from skillpool.server.engine_hf import GenEvent, GenRequest, HFEngine
+from skillpool.adapters_store.lora import LoRAAdapter
+from skillpool.server.engines import EngineBusy, EngineEvent, EngineRequest, SamplingParams
+from skillpool.server.engines.hf import HFEngine
 from tests.adapters_store.test_lora import random_adapter
+
+_ids = itertools.count()
+
+
+def adapter(tiny_base, rank: int, alpha: float, seed: int) -> LoRAAdapter:  # type: ignore[no-untyped-def]
+    """A random adapter shaped from a pristine copy (an engine's model has its Linears wrapped)."""
+    return random_adapter(AutoModelForCausalLM.from_pretrained(str(tiny_base.path)), rank, alpha, seed)
+
+
+def make_engine(tiny_base, **kw) -> HFEngine:  # type: ignore[no-untyped-def]
+    eng = HFEngine(tiny_base.path, device="cpu", **kw)
+    for name, (rank, alpha, seed) in {"one": (4, 8, 1), "two": (8, 8, 2), "three": (4, 4, 3)}.items():
+        a = adapter(tiny_base, rank, alpha, seed)
+        eng.add_skill(name, lambda a=a: a)
+    return eng
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_base) -> HFEngine:  # type: ignore[no-untyped-def]
-    eng = HFEngine(tiny_base.path, device="cpu")
-    eng.add_adapter("one", random_adapter(eng.model, 4, 8, seed=1))
-    eng.add_adapter("two", random_adapter(eng.model, 8, 8, seed=2))
-    return eng
+    return make_engine(tiny_base)
 
 
-def run(engine: HFEngine, prompts: list[str], mixes=None, **kw) -> list[tuple[str, str, int]]:  # type: ignore[no-untyped-def]
-    results: list[list[GenEvent]] = [[] for _ in prompts]
-    reqs = [
-        GenRequest(
-            prompt_ids=engine.encode_chat([{"role": "user", "content": p}]),
-            mix=(mixes or [[] for _ in prompts])[i],
+class Run:
+    """One submitted request and its events, in order, with a global sequence number each."""
+
+    clock = itertools.count()
+
+    def __init__(self, engine: HFEngine, prompt: str, mix=(), **kw) -> None:  # type: ignore[no-untyped-def]
+        self.events: list[tuple[int, EngineEvent]] = []
+        self.done = threading.Event()
+        params = SamplingParams(
             max_tokens=kw.get("max_tokens", 12),
             temperature=kw.get("temperature", 0.0),
             top_p=kw.get("top_p", 1.0),
             seed=kw.get("seed"),
-            stop=kw.get("stop", ()),
-            on_event=results[i].append,
+            stop=tuple(kw.get("stop", ())),
         )
-        for i, p in enumerate(prompts)
-    ]
-    engine.generate(reqs)
-    out = []
-    for evs in results:
-        assert evs and evs[-1].finish_reason is not None
+        self.id = f"r{next(_ids)}"
+        ids = kw.get("prompt_ids") or engine.encode_chat([{"role": "user", "content": prompt}])
+        engine.submit(EngineRequest(self.id, ids, params, tuple(mix)), self._sink)
+
+    def _sink(self, ev: EngineEvent) -> None:
+        self.events.append((next(self.clock), ev))
+        if ev.finish_reason is not None:
+            self.done.set()
+
+    def result(self, timeout: float = 60) -> tuple[str, str, int]:
+        assert self.done.wait(timeout), "request did not finish"
+        evs = [e for _, e in self.events]
         assert all(e.finish_reason is None for e in evs[:-1])
-        out.append(("".join(e.text for e in evs), evs[-1].finish_reason, evs[-1].tokens))
-    return out
+        last = evs[-1]
+        assert last.finish_reason is not None
+        return "".join(e.text for e in evs), last.finish_reason, last.tokens
+
+
+def run(engine: HFEngine, prompts: list[str], mixes=None, **kw) -> list[tuple[str, str, int]]:  # type: ignore[no-untyped-def]
+    runs = [Run(engine, p, (mixes or [()] * len(prompts))[i], **kw) for i, p in enumerate(prompts)]
+    return [r.result() for r in runs]
 
 
 PROMPTS = ["Hello there", "What is the topic of this news article about football?", "x"]
+MIXES = [(("one", 1.0),), (), (("one", 0.4), ("two", 0.6))]
 
 
 def test_batched_greedy_equals_one_at_a_time(engine: HFEngine) -> None:
-    mixes = [[("one", 1.0)], [], [("one", 0.4), ("two", 0.6)]]
-    batched = run(engine, PROMPTS, mixes)
+    batched = run(engine, PROMPTS, MIXES)
     for i, p in enumerate(PROMPTS):
-        assert run(engine, [p], [mixes[i]])[0] == batched[i]
+        assert run(engine, [p], [MIXES[i]])[0] == batched[i]
+
+
+def test_rows_joining_and_leaving_mid_decode_give_the_same_greedy_tokens(engine: HFEngine) -> None:
+    """Requests arrive while others decode and leave at different lengths: every row's answer equals its solo run."""
+    specs = [
+        ("A long answer, please", (("two", 1.0),), 40),
+        ("Hello there", (), 6),
+        ("What is the topic of this news article about football?", (("one", 0.3), ("three", 0.7)), 25),
+        ("x", (("one", 0.2), ("two", 0.3), ("three", 0.5)), 12),
+    ]
+    solo = [run(engine, [p], [m], max_tokens=n)[0] for p, m, n in specs]
+    runs = []
+    for p, m, n in specs:
+        runs.append(Run(engine, p, m, max_tokens=n))
+        while len(runs[0].events) < 2 * len(runs) and not runs[0].done.is_set():
+            time.sleep(0.002)  # let the batch run a few steps before the next one joins
+    assert [r.result() for r in runs] == solo
+
+
+def test_a_request_arriving_mid_decode_gets_its_first_token_before_the_running_one_ends(engine: HFEngine) -> None:
+    long = Run(engine, "Tell me a long story", max_tokens=150)
+    while len(long.events) < 3:
+        time.sleep(0.002)
+    short = Run(engine, "Hi", max_tokens=3)
+    short.result()
+    long.result()
+    assert long.events[-1][1].tokens == 150  # it really was still decoding
+    first_short = short.events[0][0]
+    assert first_short < long.events[-1][0]
+    assert short.events[-1][0] < long.events[-1][0]  # and finished while the long one went on
+
+
+def test_chunked_prefill_equals_whole_prefill(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    small = make_engine(tiny_base, max_num_seqs=2, max_batched_tokens=8)
+    big = make_engine(tiny_base)
+    try:
+        prompt = "What is the topic of this news article about football? Answer with one word, please."
+        assert len(small.encode_chat([{"role": "user", "content": prompt}])) > 3 * 8  # several chunks
+        for mix in [(), (("one", 0.5), ("two", 0.5))]:
+            assert run(small, [prompt, "Hi"], [mix, ()]) == run(big, [prompt, "Hi"], [mix, ()])
+    finally:
+        small.close()
+        big.close()
 
 
 def test_mix_changes_the_output(engine: HFEngine) -> None:
-    base, one = run(engine, PROMPTS[:1]), run(engine, PROMPTS[:1], [[("one", 1.0)]])
+    base, one = run(engine, PROMPTS[:1]), run(engine, PROMPTS[:1], [(("one", 1.0),)])
     assert base[0][0] != one[0][0]
 
 
@@ -81,18 +158,90 @@ def test_top_p_tiny_is_greedy(engine: HFEngine) -> None:
     assert run(engine, PROMPTS, temperature=1.0, top_p=1e-6, seed=3) == run(engine, PROMPTS)
 
 
-def test_cancelled_row_stops_early(engine: HFEngine) -> None:
-    events: list[GenEvent] = []
-    req = GenRequest(
-        prompt_ids=engine.encode_chat([{"role": "user", "content": "Hi"}]),
-        mix=[],
-        max_tokens=50,
-        temperature=0.0,
-        on_event=events.append,
-    )
-    req.cancelled.set()
-    engine.generate([req])
-    assert events[-1].finish_reason == "cancelled"
+def test_abort_frees_the_slot(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    eng = make_engine(tiny_base, max_num_seqs=1)
+    try:
+        first = Run(eng, "Tell me a long story", max_tokens=400)
+        while not first.events:
+            time.sleep(0.002)
+        second = Run(eng, "Hi", max_tokens=4)  # waits: the only slot is taken
+        time.sleep(0.1)
+        assert not second.events
+        eng.abort(first.id)
+        assert first.result()[1] == "abort"
+        assert second.result()[1] == "length"
+        assert first.events[-1][1].tokens < 400
+        deadline = time.time() + 5
+        while eng.stats()["running"] and time.time() < deadline:
+            time.sleep(0.01)
+        assert eng.stats() | {"resident_skills": 0} == {
+            "running": 0,
+            "waiting": 0,
+            "resident_skills": 0,
+            "known_skills": 3,
+        }
+    finally:
+        eng.close()
+
+
+def test_a_bad_row_fails_alone(engine: HFEngine) -> None:
+    good = Run(engine, "Hello there", (("one", 1.0),), max_tokens=8)
+    bad = Run(engine, "Hello there", (("retired", 1.0),), max_tokens=8)
+    text, finish, _ = bad.result()
+    assert finish == "error" and "retired" in (bad.events[-1][1].error or "")
+    assert good.result() == run(engine, ["Hello there"], [(("one", 1.0),)], max_tokens=8)[0]
+
+
+def test_a_full_waiting_queue_raises_busy(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    eng = make_engine(tiny_base, max_num_seqs=1, max_waiting=2)
+    try:
+        runs = [Run(eng, "Tell me a long story", max_tokens=300)]
+        while not runs[0].events:
+            time.sleep(0.002)
+        runs += [Run(eng, "Hi", max_tokens=2), Run(eng, "Hi", max_tokens=2)]
+        with pytest.raises(EngineBusy):
+            Run(eng, "Hi", max_tokens=2)
+        eng.abort(runs[0].id)
+        assert [r.result()[1] for r in runs] == ["abort", "length", "length"]
+        Run(eng, "Hi", max_tokens=2).result()  # room again
+    finally:
+        eng.close()
+
+
+def test_only_max_loaded_skills_are_resident_and_answers_do_not_change(tiny_base, engine: HFEngine) -> None:  # type: ignore[no-untyped-def]
+    lru = make_engine(tiny_base, max_loaded_skills=2)
+    try:
+        mixes = [(("one", 1.0),), (("two", 1.0),), (("three", 1.0),), (("one", 0.5), ("three", 0.5))]
+        for mix in mixes * 2:
+            assert run(lru, ["Hello there"], [mix]) == run(engine, ["Hello there"], [mix])
+            assert lru.stats()["resident_skills"] <= 2
+        assert lru.stats()["known_skills"] == 3
+    finally:
+        lru.close()
+
+
+def test_a_replaced_skill_serves_its_new_version_to_new_requests(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    eng = make_engine(tiny_base)
+    try:
+        before = run(eng, ["Hello there"], [(("one", 1.0),)])
+        running = Run(eng, "Tell me a long story", (("one", 1.0),), max_tokens=60)
+        solo_old = run(eng, ["Tell me a long story"], [(("one", 1.0),)], max_tokens=60)[0]
+        new = adapter(tiny_base, 4, 8, seed=11)
+        eng.add_skill("one", lambda: new)
+        after = run(eng, ["Hello there"], [(("one", 1.0),)])
+        assert after != before
+        assert running.result() == solo_old  # the row admitted before the swap kept the old weights
+        eng.remove_skill("one")
+        assert run(eng, ["Hello there"], [(("one", 1.0),)])[0][1] == "error"
+    finally:
+        eng.close()
+
+
+def test_sampling_params_reject_what_would_break_a_batch() -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=4, seed=2**64)
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=0)
 
 
 def test_forward_stays_float32_on_cpu(engine: HFEngine) -> None:

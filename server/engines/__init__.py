@@ -1,0 +1,9 @@
+"""Engines behind one contract (`protocol.Engine`); `--engine NAME` picks one."""
+
+from __future__ import annotations
+
+from .protocol import Engine, EngineBusy, EngineEvent, EngineRequest, Mix, SamplingParams
+
+ENGINES = ("hf",)
+
+__all__ = ["ENGINES", "Engine", "EngineBusy", "EngineEvent", "EngineRequest", "Mix", "SamplingParams"]

@@ -1,0 +1,97 @@
+"""The engine contract: value objects and the one interface every engine implements.
+
+Modelled on vLLM's `EngineClient`: the server, the routing stage and the benchmarks talk to an engine
+only through `Engine`, so a second engine (vLLM) plugs in without touching them. A request carries its
+routing decision already made: `mix` is the weighted set of skills (vLLM's `LoRARequest`, generalised to
+a weighted mix; empty = the base model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from skillpool.adapters_store.lora import LoRAAdapter
+
+Mix = tuple[tuple[str, float], ...]  # ((skill, weight), ...): empty = base model
+
+# OpenAI's seed is an int64; torch.Generator.manual_seed takes [-2**63, 2**64): anything outside fails.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0 or not 0.0 < self.top_p <= 1.0:
+            raise ValueError("temperature must be in [0, 2] and top_p in (0, 1]")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}")
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_ids: Sequence[int]
+    params: SamplingParams
+    mix: Mix = ()
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """New text since the previous event; `finish_reason` is set on the last one only."""
+
+    text: str = ""
+    tokens: int = 0  # completion tokens so far
+    finish_reason: str | None = None  # stop | length | abort | error
+    error: str | None = None  # with finish_reason "error": what went wrong for this request alone
+
+
+class EngineBusy(Exception):
+    """The waiting queue is full: the API answers 429 with Retry-After."""
+
+    def __init__(self, waiting: int, retry_after_s: int = 1) -> None:
+        self.waiting, self.retry_after_s = waiting, retry_after_s
+        super().__init__(f"{waiting} requests are already waiting for the engine")
+
+
+AdapterLoader = Callable[[], LoRAAdapter]  # reads a skill's adapter from the store when it is first used
+
+
+class Engine(Protocol):
+    """What the server needs from an engine. Methods are thread-safe; generate is async."""
+
+    name: str
+    max_context: int
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The chat template applied and tokenized (blocking: call it off the event loop)."""
+        ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:
+        """Submit and stream the request's events; closing the iterator early aborts it. Raises EngineBusy."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def add_skill(self, name: str, load: AdapterLoader) -> None:
+        """Make a skill servable (replacing any older version); its weights may load lazily on first use."""
+        ...
+
+    def remove_skill(self, name: str) -> None: ...
+
+    def healthy(self) -> bool: ...
+
+    def stats(self) -> dict[str, int]:
+        """running, waiting, resident_skills, known_skills."""
+        ...
+
+    def close(self) -> None: ...

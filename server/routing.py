@@ -1,0 +1,108 @@
+"""Routing as its own stage in front of the engine.
+
+A thread collects the `auto` requests that arrive within `window_s` of each other (up to `max_batch`)
+and routes them with one embedding call; the event loop awaits each request's decision and only then
+submits the request to the engine with its mix attached. Decode steps never wait for MiniLM, and
+routing never waits for decoding. Forced and base requests need no router and are decided at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from skillpool.router import Decision, Router
+
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Item:
+    text: str
+    future: asyncio.Future[Decision]
+    loop: asyncio.AbstractEventLoop
+
+
+class RoutingStage:
+    def __init__(self, router: Router, metrics: Metrics, window_s: float, max_batch: int) -> None:
+        self.router, self.metrics, self.window_s, self.max_batch = router, metrics, window_s, max_batch
+        self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="skillpool-router", daemon=True)
+        self._thread.start()
+
+    async def decide(self, text: str, target: str) -> Decision:
+        """`target`: "auto" routes; "base" is the base model; anything else is a skill name, forced."""
+        if target == "base":
+            d = Decision(route=[], reason="base")
+        elif target != "auto":
+            d = Decision(route=[(target, 1.0)], reason="forced", score=1.0)
+        else:
+            loop = asyncio.get_running_loop()
+            item = _Item(text, loop.create_future(), loop)
+            self._q.put(item)
+            d = await item.future
+        self._count(d, auto=target == "auto")
+        return d
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    def _count(self, d: Decision, auto: bool) -> None:
+        m = self.metrics
+        m.route_decisions.labels(d.route[0][0] if d.route else "base", d.reason).inc()
+        for s, w in d.route:
+            m.route_weight.labels(s).inc(w)
+        if auto:
+            m.router_score.observe(d.score)
+            if not d.route:
+                m.fallbacks.labels(d.reason).inc()
+
+    def _collect(self, first: _Item) -> list[_Item]:
+        batch = [first]
+        deadline = time.monotonic() + self.window_s
+        while len(batch) < self.max_batch:
+            try:
+                item = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is None:
+                self._q.put(None)
+                break
+            batch.append(item)
+        return [it for it in batch if not it.future.done()]  # a client that left while waiting
+
+    def _run(self) -> None:
+        while (first := self._q.get()) is not None:
+            batch = self._collect(first)
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            try:
+                decisions = self.router.route([it.text for it in batch])
+            except Exception as e:  # fail this batch's requests, keep routing
+                log.exception("routing failed")
+                for it in batch:
+                    it.loop.call_soon_threadsafe(_settle, it.future, None, e)
+                continue
+            self.metrics.router_seconds.observe(time.perf_counter() - t0)
+            for it, d in zip(batch, decisions):
+                it.loop.call_soon_threadsafe(_settle, it.future, d, None)
+
+
+def _settle(fut: asyncio.Future[Decision], d: Decision | None, e: BaseException | None) -> None:
+    if fut.done():
+        return
+    if e is not None:
+        fut.set_exception(e)
+    else:
+        assert d is not None
+        fut.set_result(d)
