@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from .engines import Engine, EngineBusy, EngineEvent, EngineRequest, SamplingPar
 from .errors import APIError, install_handlers
 from .metrics import Metrics
 from .openai_api import ChatParams, chat_chunk, chat_completion, completion_id, parse_chat_request, route_field
-from .routing import RoutingStage
+from .routing import RoutingStage, Target
 from .skills import SkillPool
 
 log = logging.getLogger(__name__)
@@ -53,20 +54,42 @@ class Components:
         self.engine.close()
 
 
-def _target(c: Components, model: str) -> str:
-    """'auto' routes; the base model id (or 'base') means no adapter; a skill name forces that skill."""
+def _target(c: Components, model: str) -> Target:
+    """'auto' routes; the base model id (or 'base') means no adapter; a skill name forces that skill;
+    'skill=weight,skill=weight' forces that mix (weights renormalized)."""
     if model == "auto":
         return "auto"
     if model in (c.base.model_id, "base"):
         return "base"
     if c.pool.get(model) is not None:
         return model
+    if "=" in model:
+        return _explicit_mix(c, model)
     raise APIError(
         404,
         f"The model '{model}' does not exist (use 'auto', '{c.base.model_id}' or a skill name)",
         "model",
         "model_not_found",
     )
+
+
+def _explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
+    mix: dict[str, float] = {}
+    for part in model.split(","):
+        name, _, raw = part.partition("=")
+        try:
+            w = float(raw)
+        except ValueError:
+            w = math.nan
+        if not math.isfinite(w) or w <= 0:
+            raise APIError(
+                400, f"mix weight for {name!r} must be a positive number, got {raw!r}", "model", "invalid_value"
+            )
+        if c.pool.get(name) is None:
+            raise APIError(404, f"The model '{name}' in the mix does not exist", "model", "model_not_found")
+        mix[name] = mix.get(name, 0.0) + w
+    total = sum(mix.values())
+    return tuple(sorted(((s, w / total) for s, w in mix.items()), key=lambda sw: -sw[1]))
 
 
 def create_app(c: Components) -> FastAPI:
@@ -183,6 +206,7 @@ def create_app(c: Components) -> FastAPI:
             top_p=params.top_p,
             seed=params.seed,
             stop=tuple(params.stop),
+            ignore_eos=params.ignore_eos,
         )
         events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, tuple(decision.route)))
         try:

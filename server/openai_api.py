@@ -47,6 +47,7 @@ class ChatParams:
     stop: list[str]
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False  # vLLM's extension (benchmarks): decode max_tokens even past the end of text
 
 
 def _num(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -143,7 +144,11 @@ def parse_chat_request(body: Any) -> ChatParams:
     so = body.get("stream_options") or {}
     if not isinstance(so, dict):
         raise APIError(400, "stream_options must be an object", "stream_options", "invalid_value")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise APIError(400, "ignore_eos must be a boolean", "ignore_eos", "invalid_value")
     return ChatParams(
+        ignore_eos=ignore_eos,
         model=model,
         messages=messages,
         max_tokens=max_tokens,

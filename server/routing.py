@@ -22,6 +22,9 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 
+Target = str | tuple[tuple[str, float], ...]  # "auto" | "base" | a skill name | an explicit mix
+
+
 @dataclass
 class _Item:
     text: str
@@ -36,9 +39,11 @@ class RoutingStage:
         self._thread = threading.Thread(target=self._run, name="skillpool-router", daemon=True)
         self._thread.start()
 
-    async def decide(self, text: str, target: str) -> Decision:
-        """`target`: "auto" routes; "base" is the base model; anything else is a skill name, forced."""
-        if target == "base":
+    async def decide(self, text: str, target: Target) -> Decision:
+        """`target`: "auto" routes; "base" is the base model; a skill name or a mix is forced."""
+        if isinstance(target, tuple):
+            d = Decision(route=list(target), reason="forced", score=1.0)
+        elif target == "base":
             d = Decision(route=[], reason="base")
         elif target != "auto":
             d = Decision(route=[(target, 1.0)], reason="forced", score=1.0)

@@ -442,7 +442,7 @@ class HFEngine:
     # --- events -----------------------------------------------------------------------------------
     def _push(self, s: _Seq, token: int) -> bool:
         """Record one sampled token and emit its text; False when the row is finished."""
-        if token in self.eos_ids:
+        if token in self.eos_ids and not s.req.params.ignore_eos:
             self._finish(s, "stop", text=s.text.finish())
             return False
         s.out += 1

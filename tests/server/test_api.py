@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -310,3 +311,51 @@ def test_api_key_is_required_when_set(components, tiny_base, embedder, tmp_path:
             assert cl.get("/healthz").status_code == 200
     finally:
         c.close()
+
+
+def test_a_bad_seed_fails_alone_next_to_good_requests(client: TestClient) -> None:
+    """seed=2**64 once turned every request of its batch into a 500; now it is a 400 of its own."""
+    seeds = [1, 2**64, 2, -(2**63) - 1, 3]
+    with ThreadPoolExecutor(len(seeds)) as pool:
+        resps = list(pool.map(lambda s: chat(client, "Hello there", seed=s, temperature=1.0), seeds))
+    for seed, resp in zip(seeds, resps):
+        if -(2**63) <= seed < 2**63:
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["choices"][0]["message"]["content"] is not None
+        else:
+            assert_error(resp, 400, "seed", "invalid_value")
+
+
+def test_a_full_waiting_queue_answers_429_with_retry_after(components, tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    c = build_components(replace(components.cfg, max_waiting=0, data_dir=tmp_path), base=tiny_base, embedder=embedder)
+    try:
+        with TestClient(create_app(c)) as cl:
+            resp = chat(cl, "Hello there")
+            assert_error(resp, 429, None, "server_busy")
+            assert int(resp.headers["retry-after"]) >= 1
+            assert cl.get("/healthz").json()["status"] == "ok"
+    finally:
+        c.close()
+
+
+def test_healthz_reports_the_engine(client: TestClient) -> None:
+    body = client.get("/healthz").json()
+    assert body["status"] == "ok" and body["engine"] == "hf"
+    assert {"running", "waiting", "resident_skills", "known_skills"} <= set(body)
+
+
+def test_an_explicit_mix_is_forced_and_bad_mixes_are_rejected(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    names = [r.name for r in components.pool.records()]
+    assert names, "needs the skill trained by an earlier test"
+    resp = chat(client, "Hello there", model=f"{names[0]}=3,{names[0]}=1")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["skillpool"]["route"] == [{"skill": names[0], "weight": 1.0}]
+    assert resp.json()["skillpool"]["reason"] == "forced"
+    assert_error(chat(client, "Hi", model=f"{names[0]}=nan"), 400, "model", "invalid_value")
+    assert_error(chat(client, "Hi", model="nope=1"), 404, "model", "model_not_found")
+
+
+def test_ignore_eos_decodes_the_whole_budget(client: TestClient) -> None:
+    resp = chat(client, "Hello there", model="base", max_tokens=7, ignore_eos=True)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 7
+    assert_error(chat(client, "Hi", ignore_eos="yes"), 400, "ignore_eos", "invalid_value")
