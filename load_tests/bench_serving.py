@@ -1,28 +1,34 @@
-"""Serving benchmark: batching gain and the cost of per-row LoRA mixes, measured in one run.
+"""Serving benchmark in the manner of `vllm bench serve`, every scenario measured in one run.
 
-Writes synthetic skills (random LoRA blocks, router keys from real task inputs) into a fresh store,
-starts `skillpool serve`, and streams the same prompts through the openai client in several
-scenarios. Prints tokens/s, TTFT and end-to-end latency percentiles, and ratios between scenarios
-(absolute numbers are machine-dependent; the ratios are the result).
+Writes synthetic skills (random LoRA blocks; router keys from real SuperNI task inputs) into fresh
+stores, starts `skillpool serve`, and streams prompts from ../shared/datasets through the openai client:
+  - base model, 1 closed-loop client, then N closed-loop clients (continuous batching);
+  - N clients, every request an explicit k=3 mix, all different (per-row adapters);
+  - base model at Poisson request rates (open loop);
+  - `auto` routing over a 10-skill pool and over a 1,000-skill pool served with --max-loaded-skills.
+Reports TTFT p50/p99, inter-token latency p50/p99, end-to-end p50, output tokens/s, goodput under an SLO
+(the share of requests meeting both TTFT and ITL bounds, and their tokens/s), the server's resident memory,
+and the ratios the serving-core issue asks for. Answers decode exactly --max-tokens (ignore_eos).
 
-    .venv/bin/python load_tests/bench_serving.py [--requests 32] [--concurrency 16] [--max-tokens 32]
+    .venv/bin/python load_tests/bench_serving.py [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from load_tests.common import rows, user_text  # noqa: E402
 
-# Generation tasks: answers run to the token budget, so decode (where batching pays) is measured,
-# not just the prefill of long classification prompts.
 GROUP = "superni"
 TASKS = (
     "task1729_personachat_generate_next",
@@ -30,125 +36,271 @@ TASKS = (
     "task1590_diplomacy_text_generation",
     "task748_glucose_reverse_cause_event_detection",
 )
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def make_skills(data_dir: Path, rank: int) -> None:
-    """Random-but-plausible skills: PEFT LoRA with small random B, keys from each task's inputs."""
+def make_skills(data_dir: Path, n: int, rank: int, seed: int = 0) -> list[str]:
+    """n skills: random rank-r blocks on q,k,v,o; skill i gets task i%4's router keys with a little noise."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from safetensors.torch import load_file
 
     from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
     from skillpool.adapters_store.store import SkillDraft, SkillStore
     from skillpool.router import Router
     from skillpool.router.embedder import SentenceEmbedder
-    from skillpool.trainer.lora_train import save_adapter
 
     base = resolve_base_model()
+    shapes: dict[str, tuple[int, int]] = {}
+    weights = load_file(str(next(base.path.glob("*.safetensors"))))
+    for key, t in weights.items():
+        mod = key.removesuffix(".weight")
+        if key.endswith(".weight") and mod.rsplit(".", 1)[-1] in TARGETS:
+            shapes[mod] = (t.shape[1], t.shape[0])
+    del weights
     store, router = SkillStore(data_dir), Router(SentenceEmbedder())
-    for i, task in enumerate(TASKS):
-        model = AutoModelForCausalLM.from_pretrained(str(base.path))
-        pm = get_peft_model(
-            model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    keys = [router.prepare_keys([user_text(r) for r in rows(GROUP, t, "train", 200)]) for t in TASKS]
+    g = torch.Generator().manual_seed(seed)
+    names = []
+    for i in range(n):
+        name = f"skill-{i:04d}"
+        adapter = LoRAAdapter(
+            {
+                m: LoRAFactors(
+                    torch.randn(rank, d_in, generator=g) * 0.02, torch.randn(d_out, rank, generator=g) * 0.02, 2.0
+                )
+                for m, (d_in, d_out) in shapes.items()
+            }
         )
-        g = torch.Generator().manual_seed(i)
-        with torch.no_grad():
-            for n, p in pm.named_parameters():
-                if "lora_B" in n:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.01)
-        texts = [user_text(r) for r in rows(GROUP, task, "train", 200)]
+        tensors = {k: v.clone() for k, v in keys[i % len(TASKS)].items()}
+        for k in ("dtkr_keys", "centroid_keys"):
+            tensors[k] = tensors[k] + 0.01 * torch.randn(tensors[k].shape, generator=g)
         store.write(
             SkillDraft(
-                name=task,
-                write_adapter=lambda f, pm=pm: save_adapter(pm, f, base.model_id),
-                router_tensors=router.prepare_keys(texts),
+                name=name,
+                write_adapter=lambda f, a=adapter: save_peft_adapter(a, f, base.model_id, 2.0 * rank, TARGETS),
+                router_tensors=tensors,
                 meta={"base_model": {"id": base.model_id, "fingerprint": base.fingerprint}, "eval": None},
                 replay=[],
                 probe=[],
             )
         )
+        names.append(name)
+    return names
 
 
-def run(client, model: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    def one(text: str) -> tuple[float, float, int, int]:
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+class Load:
+    """Streams requests and records, per request: TTFT, mean inter-token latency, end-to-end time, tokens."""
+
+    def __init__(self, client: Any, max_tokens: int) -> None:
+        self.client, self.max_tokens = client, max_tokens
+
+    def one(self, model: str, text: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        ttft, ntok, nprompt = None, 0, 0
-        stream = client.chat.completions.create(
+        first = last = None
+        ntok = 0
+        stream = self.client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": text}],
             temperature=0,
-            max_tokens=max_tokens,
+            max_tokens=self.max_tokens,
             stream=True,
             stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
         for chunk in stream:
-            if ttft is None and chunk.choices and chunk.choices[0].delta.content:
-                ttft = time.perf_counter() - t0
+            if chunk.choices and chunk.choices[0].delta.content:
+                last = time.perf_counter()
+                first = first or last
             if chunk.usage:
-                ntok, nprompt = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
-        return ttft or 0.0, time.perf_counter() - t0, ntok, nprompt
+                ntok = chunk.usage.completion_tokens
+        end = time.perf_counter()
+        ttft = (first or end) - t0
+        itl = ((last or end) - (first or end)) / max(1, ntok - 1)
+        return {"ttft": ttft, "itl": itl, "e2e": end - t0, "tokens": ntok}
 
-    t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(concurrency) as pool:
-        res = list(pool.map(one, prompts))
-    wall = time.perf_counter() - t0
-    ttfts, e2e = sorted(r[0] for r in res), sorted(r[1] for r in res)
-    pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))]  # noqa: E731
+    def closed(self, clients: int, per_client: int, pick: Any) -> tuple[list[dict[str, float]], float]:
+        """`clients` closed loops, each sending its next request when the last one ends."""
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(clients) as pool:
+            futs = [pool.submit(lambda c=c: [self.one(*pick(c, j)) for j in range(per_client)]) for c in range(clients)]
+            res = [r for f in futs for r in f.result()]
+        return res, time.perf_counter() - t0
+
+    def poisson(self, rate: float, n: int, pick: Any, seed: int = 0) -> tuple[list[dict[str, float]], float]:
+        """n requests at exponential inter-arrival times (open loop: nobody waits for an answer to send)."""
+        rng = random.Random(seed)
+        results: list[dict[str, float]] = []
+        lock = threading.Lock()
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(64) as pool:
+            futs = []
+            for j in range(n):
+                futs.append(pool.submit(lambda j=j: self.one(*pick(0, j))))
+                time.sleep(rng.expovariate(rate))
+            for f in futs:
+                with lock:
+                    results.append(f.result())
+        return results, time.perf_counter() - t0
+
+
+def summarize(res: list[dict[str, float]], wall: float, slo_ttft: float, slo_itl: float) -> dict[str, float]:
+    good = [r for r in res if r["ttft"] <= slo_ttft and r["itl"] <= slo_itl]
     return {
-        "tok_s": sum(r[2] for r in res) / wall,
-        "prompt_tok_s": sum(r[3] for r in res) / wall,
-        "req_s": len(prompts) / wall,
-        "ttft_p50": statistics.median(ttfts),
-        "ttft_p99": pct(ttfts, 0.99),
-        "e2e_p50": statistics.median(e2e),
-        "e2e_p99": pct(e2e, 0.99),
+        "n": len(res),
+        "tok_s": sum(r["tokens"] for r in res) / wall,
+        "ttft_p50": statistics.median(r["ttft"] for r in res),
+        "ttft_p99": pct([r["ttft"] for r in res], 0.99),
+        "itl_p50": statistics.median(r["itl"] for r in res),
+        "itl_p99": pct([r["itl"] for r in res], 0.99),
+        "e2e_p50": statistics.median(r["e2e"] for r in res),
+        "goodput": len(good) / len(res),
+        "good_tok_s": sum(r["tokens"] for r in good) / wall,
     }
 
 
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def main() -> int:
+    import httpx
     from openai import OpenAI
 
     from skillpool.server.process import ServerProcess
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--engine", default="hf")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--per-client", type=int, default=2, help="requests per closed-loop client")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rates", default="1,2", help="Poisson request rates (req/s), base model")
+    ap.add_argument("--poisson-requests", type=int, default=24)
+    ap.add_argument("--skills", type=int, default=10)
+    ap.add_argument("--big-pool", type=int, default=1000, help="0 skips the big-pool scenario")
+    ap.add_argument("--max-loaded-skills", type=int, default=16, help="for the big pool")
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--slo-ttft", type=float, default=4.0, help="goodput: TTFT bound (s)")
+    ap.add_argument("--slo-itl", type=float, default=0.5, help="goodput: inter-token latency bound (s)")
     args = ap.parse_args()
-    data_dir = Path(tempfile.mkdtemp(prefix="skillpool-bench-")) / "data"
-    print("writing synthetic skills ...", flush=True)
-    make_skills(data_dir, args.rank)
-    # Prompts from all four tasks: with model=auto each row of a batch gets its own skill mix.
-    per = max(1, args.requests // len(TASKS))
-    prompts = [user_text(r) for t in TASKS for r in rows(GROUP, t, "test", per)][: args.requests]
-    with ServerProcess(data_dir, ["--batch-window-ms", "20", "--max-batch-size", str(args.concurrency)]) as srv:
-        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
-        run(client, "SmolLM2-135M-Instruct", prompts[:2], 1, 4)  # warm-up
-        results = {
-            "base, sequential": run(client, "SmolLM2-135M-Instruct", prompts, 1, args.max_tokens),
-            "base, concurrent": run(client, "SmolLM2-135M-Instruct", prompts, args.concurrency, args.max_tokens),
-            "auto (per-row mixes), concurrent": run(client, "auto", prompts, args.concurrency, args.max_tokens),
-            "forced one skill, concurrent": run(client, TASKS[0], prompts, args.concurrency, args.max_tokens),
-        }
+    root = Path(tempfile.mkdtemp(prefix="skillpool-bench-"))
+    print(f"writing {args.skills} synthetic skills ...", flush=True)
+    names = make_skills(root / "small", args.skills, args.rank)
+    prompts = [user_text(r) for t in TASKS for r in rows(GROUP, t, "test", 25)]
+    rng = random.Random(0)
+    rng.shuffle(prompts)
+    n_req = args.clients * args.per_client
+    combos: list[tuple[str, ...]] = []
+    while len(combos) < n_req:  # k=3 mixes, all different
+        c = tuple(sorted(rng.sample(names, 3)))
+        if c not in combos:
+            combos.append(c)
+    mix_models = [f"{a}=0.5,{b}=0.3,{c}=0.2" for a, b, c in combos]
+    base_id = "SmolLM2-135M-Instruct"
+    flags = ["--engine", args.engine, "--max-batch-size", str(max(args.clients, 16))]
+    results: dict[str, dict[str, float]] = {}
+    mem: dict[str, float] = {}
+
+    def record(name: str, res_wall: tuple[list[dict[str, float]], float]) -> None:
+        results[name] = summarize(*res_wall, args.slo_ttft, args.slo_itl)
+        r = results[name]
+        print(
+            f"  {name}: {r['tok_s']:.1f} tok/s, ttft p50 {r['ttft_p50']:.2f}s, itl p50 {r['itl_p50'] * 1000:.0f}ms",
+            flush=True,
+        )
+
+    with ServerProcess(root / "small", flags) as srv:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+        load = Load(client, args.max_tokens)
+        load.one(base_id, prompts[0])  # warm-up
+        record("base, 1 client", load.closed(1, 4, lambda c, j: (base_id, prompts[j])))
+        record(
+            f"base, {args.clients} clients",
+            load.closed(
+                args.clients, args.per_client, lambda c, j: (base_id, prompts[(c * args.per_client + j) % len(prompts)])
+            ),
+        )
+        record(
+            f"k=3 mixes all different, {args.clients} clients",
+            load.closed(
+                args.clients,
+                args.per_client,
+                lambda c, j: (mix_models[c * args.per_client + j], prompts[(c * args.per_client + j) % len(prompts)]),
+            ),
+        )
+        for rate in [float(x) for x in args.rates.split(",") if x]:
+            record(
+                f"base, Poisson {rate:g} req/s",
+                load.poisson(rate, args.poisson_requests, lambda c, j: (base_id, prompts[j % len(prompts)])),
+            )
+        record(
+            f"auto, {args.skills}-skill pool, {args.clients} clients",
+            load.closed(
+                args.clients, args.per_client, lambda c, j: ("auto", prompts[(c * args.per_client + j) % len(prompts)])
+            ),
+        )
+        mem[f"{args.skills}-skill pool"] = rss_mib(srv.proc.pid)
+        stats = httpx.get(srv.url + "/healthz").json()
+        print(f"  healthz: {stats}", flush=True)
+    if args.big_pool:
+        print(f"writing {args.big_pool} synthetic skills ...", flush=True)
+        make_skills(root / "big", args.big_pool, args.rank, seed=1)
+        big = [*flags, "--max-loaded-skills", str(args.max_loaded_skills)]
+        with ServerProcess(root / "big", big, startup_s=1800) as srv:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+            load = Load(client, args.max_tokens)
+            load.one("auto", prompts[0])
+            record(
+                f"auto, {args.big_pool}-skill pool, {args.clients} clients",
+                load.closed(
+                    args.clients,
+                    args.per_client,
+                    lambda c, j: ("auto", prompts[(c * args.per_client + j) % len(prompts)]),
+                ),
+            )
+            mem[f"{args.big_pool}-skill pool"] = rss_mib(srv.proc.pid)
+            stats = httpx.get(srv.url + "/healthz").json()
+            print(f"  healthz: {stats}", flush=True)
+
     print(
-        f"\n{args.requests} requests from 4 SuperNI generation tasks, {args.max_tokens} max tokens, concurrency {args.concurrency}, LoRA rank {args.rank} on q,k,v,o"
+        f"\nengine {args.engine}; {args.max_tokens}-token answers (ignore_eos), temperature 0; SuperNI generation prompts; "
+        f"rank-{args.rank} LoRA on q,k,v,o; SLO: TTFT <= {args.slo_ttft}s and ITL <= {args.slo_itl}s"
     )
     print(
-        f"{'scenario':36s} {'tok/s':>8s} {'prompt tok/s':>12s} {'req/s':>7s} {'ttft p50':>9s} {'ttft p99':>9s} {'e2e p50':>8s} {'e2e p99':>8s}"
+        f"{'scenario':44s} {'n':>3s} {'tok/s':>7s} {'ttft p50':>8s} {'ttft p99':>8s} {'itl p50':>7s} {'itl p99':>7s} {'e2e p50':>7s} {'goodput':>7s}"
     )
     for name, r in results.items():
         print(
-            f"{name:36s} {r['tok_s']:8.1f} {r['prompt_tok_s']:12.1f} {r['req_s']:7.2f} {r['ttft_p50']:9.3f} {r['ttft_p99']:9.3f} {r['e2e_p50']:8.3f} {r['e2e_p99']:8.3f}"
+            f"{name:44s} {r['n']:3.0f} {r['tok_s']:7.1f} {r['ttft_p50']:8.2f} {r['ttft_p99']:8.2f} {r['itl_p50']:7.3f} "
+            f"{r['itl_p99']:7.3f} {r['e2e_p50']:7.2f} {r['goodput']:7.0%}"
         )
-    b_seq, b_con = results["base, sequential"], results["base, concurrent"]
-    print(f"\nbatching gain (base concurrent / sequential tok/s): {b_con['tok_s'] / b_seq['tok_s']:.2f}x")
+    one, many = results["base, 1 client"], results[f"base, {args.clients} clients"]
+    mixes = results[f"k=3 mixes all different, {args.clients} clients"]
+    print("\nratios (same run):")
     print(
-        f"per-row mix cost (auto / base, concurrent tok/s):    {results['auto (per-row mixes), concurrent']['tok_s'] / b_con['tok_s']:.2f}x"
+        f"  {args.clients} clients vs 1: TTFT p50 {many['ttft_p50'] / one['ttft_p50']:.2f}x (target <= 4x), "
+        f"output tok/s {many['tok_s'] / one['tok_s']:.2f}x (target >= 4x)"
     )
     print(
-        f"single-skill cost (forced / base, concurrent tok/s): {results['forced one skill, concurrent']['tok_s'] / b_con['tok_s']:.2f}x"
+        f"  k=3 mixes vs base at {args.clients} clients: tok/s {mixes['tok_s'] / many['tok_s']:.2f}x (target >= 0.9x)"
     )
+    if args.big_pool:
+        small, bigr = (
+            results[f"auto, {args.skills}-skill pool, {args.clients} clients"],
+            results[f"auto, {args.big_pool}-skill pool, {args.clients} clients"],
+        )
+        print(
+            f"  {args.big_pool}- vs {args.skills}-skill pool (auto): tok/s {bigr['tok_s'] / small['tok_s']:.2f}x (target >= 0.95x)"
+        )
+    print("  server RSS: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in mem.items()))
     return 0
 
 

@@ -33,8 +33,11 @@ class _Item:
 
 
 class RoutingStage:
-    def __init__(self, router: Router, metrics: Metrics, window_s: float, max_batch: int) -> None:
+    def __init__(
+        self, router: Router, metrics: Metrics, window_s: float, max_batch: int, max_skills: int | None = None
+    ) -> None:
         self.router, self.metrics, self.window_s, self.max_batch = router, metrics, window_s, max_batch
+        self.max_skills = max_skills  # an engine that keeps k skills resident serves mixes of at most k
         self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="skillpool-router", daemon=True)
         self._thread.start()
@@ -51,7 +54,7 @@ class RoutingStage:
             loop = asyncio.get_running_loop()
             item = _Item(text, loop.create_future(), loop)
             self._q.put(item)
-            d = await item.future
+            d = _cap(await item.future, self.max_skills)
         self._count(d, auto=target == "auto")
         return d
 
@@ -101,6 +104,15 @@ class RoutingStage:
             self.metrics.router_seconds.observe(time.perf_counter() - t0)
             for it, d in zip(batch, decisions):
                 it.loop.call_soon_threadsafe(_settle, it.future, d, None)
+
+
+def _cap(d: Decision, k: int | None) -> Decision:
+    """At most k skills: the heaviest, renormalized (the response's route shows what was served)."""
+    if k is None or len(d.route) <= k:
+        return d
+    top = d.route[:k]  # routes are sorted heaviest first
+    total = sum(w for _, w in top)
+    return Decision(route=[(s, w / total) for s, w in top], reason=d.reason, score=d.score)
 
 
 def _settle(fut: asyncio.Future[Decision], d: Decision | None, e: BaseException | None) -> None:

@@ -240,8 +240,9 @@ class HFEngine:
             self._prefill(budget)
 
     # --- admission, skills ----------------------------------------------------------------------
-    def _admit(self, s: _Seq) -> bool:
-        """Make the row's skills resident and its sampler ready; False (and an error event) if it cannot run."""
+    def _admit(self, s: _Seq, reserved: frozenset[str] = frozenset()) -> bool | None:
+        """Make the row's skills resident and its sampler ready. False (and an error event): it cannot run;
+        None: it must wait, every resident slot being in use by running rows."""
         try:
             mix = []
             for name, w in s.req.mix:
@@ -250,10 +251,15 @@ class HFEngine:
                     raise KeyError(f"skill {name!r} is not served by this engine (retired or never added)")
                 mix.append((key, w))
             s.mix = tuple(mix)
-            keep = self._in_use() | {k for k, _ in s.mix}
-            for key, w in s.mix:
-                if w != 0.0:
-                    self._ensure_resident(key, keep)
+            needed = [k for k, w in s.mix if w != 0.0]
+            if self.max_loaded_skills is not None and len(needed) > self.max_loaded_skills:
+                raise ValueError(
+                    f"the mix needs {len(needed)} skills, more than max_loaded_skills ({self.max_loaded_skills})"
+                )
+            keep = self._in_use() | reserved | set(needed)  # reserved: skills of rows admitted with this one
+            for key in needed:
+                if not self._ensure_resident(key, keep):
+                    return None
             p = s.req.params
             if p.temperature > 0:
                 s.gen = torch.Generator(device=self.device)
@@ -266,10 +272,11 @@ class HFEngine:
             return False
         return True
 
-    def _ensure_resident(self, key: str, keep: set[str]) -> None:
+    def _ensure_resident(self, key: str, keep: set[str]) -> bool:
+        """False: no slot can be freed now (all resident skills are in use)."""
         if key in self.bank:
             self._lru.move_to_end(key)
-            return
+            return True
         load = self._loaders[key]
         cap = self.max_loaded_skills
         if cap is not None:
@@ -277,9 +284,10 @@ class HFEngine:
             while len(self.bank) >= cap and victims:
                 self._evict(victims.pop(0))
             if len(self.bank) >= cap:
-                raise RuntimeError(f"all {cap} resident skill slots are in use by running requests")
+                return False
         self.bank.add(key, load())
         self._lru[key] = None
+        return True
 
     def _evict(self, name: str) -> None:
         self.bank.remove(name)
@@ -297,16 +305,22 @@ class HFEngine:
                 n = len(s.req.prompt_ids)
                 if s.done_prompt or used + n > budget:
                     break
+                ok = self._admit(s, frozenset(k for g in group for k, _ in g.mix))
+                if ok is None:  # waits for running rows to free a skill slot
+                    break
                 self._waiting.popleft()
                 self._admitted()
-                if self._admit(s):
+                if ok:
                     group.append(s)
                     used += n
             if group:
                 self._prefill_whole(group)
             return
         if head.done_prompt == 0:  # a chunked prompt is admitted on its first chunk
-            if not self._admit(head):
+            ok = self._admit(head)
+            if ok is None:
+                return
+            if not ok:
                 self._waiting.popleft()
                 self._admitted()
                 return

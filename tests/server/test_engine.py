@@ -246,3 +246,15 @@ def test_sampling_params_reject_what_would_break_a_batch() -> None:
 
 def test_forward_stays_float32_on_cpu(engine: HFEngine) -> None:
     assert next(engine.model.parameters()).dtype == torch.float32
+
+
+def test_requests_wait_for_a_skill_slot_instead_of_failing(tiny_base, engine: HFEngine) -> None:  # type: ignore[no-untyped-def]
+    lru = make_engine(tiny_base, max_loaded_skills=2)
+    try:
+        mixes = [(("one", 1.0),), (("two", 1.0),), (("three", 1.0),), (("one", 0.5), ("two", 0.5))]
+        runs = [Run(lru, "Hello there", m, max_tokens=10) for m in mixes]  # more skills at once than slots
+        assert [r.result() for r in runs] == [run(engine, ["Hello there"], [m], max_tokens=10)[0] for m in mixes]
+        too_big = Run(lru, "Hi", (("one", 0.3), ("two", 0.3), ("three", 0.4)))
+        assert too_big.result()[1] == "error" and "max_loaded_skills" in (too_big.events[-1][1].error or "")
+    finally:
+        lru.close()

@@ -1,0 +1,58 @@
+"""The routing stage: requests that arrive together are embedded in one call; forced and base requests
+skip the router; mixes are capped at what the engine keeps resident."""
+
+from __future__ import annotations
+
+import asyncio
+
+from skillpool.router import Decision, Router
+from skillpool.server.metrics import Metrics
+from skillpool.server.routing import RoutingStage, _cap
+
+
+class CountingRouter(Router):
+    calls: list[int]
+
+    def route(self, texts, open_set=True):  # type: ignore[no-untyped-def]
+        self.calls.append(len(texts))
+        return super().route(texts, open_set)
+
+
+def test_concurrent_requests_share_one_embedding_call(embedder) -> None:  # type: ignore[no-untyped-def]
+    router = CountingRouter(embedder)
+    router.calls = []
+    stage = RoutingStage(router, Metrics(), window_s=0.2, max_batch=32)
+
+    async def main() -> list[Decision]:
+        return await asyncio.gather(*[stage.decide(f"question {i}", "auto") for i in range(6)])
+
+    try:
+        decisions = asyncio.run(main())
+    finally:
+        stage.close()
+    assert router.calls == [6]
+    assert [d.reason for d in decisions] == ["no_skills"] * 6
+
+
+def test_forced_and_base_need_no_router(embedder) -> None:  # type: ignore[no-untyped-def]
+    router = CountingRouter(embedder)
+    router.calls = []
+    stage = RoutingStage(router, Metrics(), window_s=0.01, max_batch=8)
+    try:
+        forced = asyncio.run(stage.decide("x", "agnews"))
+        base = asyncio.run(stage.decide("x", "base"))
+        mix = asyncio.run(stage.decide("x", (("a", 0.75), ("b", 0.25))))
+    finally:
+        stage.close()
+    assert router.calls == []
+    assert (forced.route, forced.reason) == ([("agnews", 1.0)], "forced")
+    assert (base.route, base.reason) == ([], "base")
+    assert (mix.route, mix.reason) == ([("a", 0.75), ("b", 0.25)], "forced")
+
+
+def test_cap_keeps_the_heaviest_skills_renormalized() -> None:
+    d = Decision(route=[("a", 0.5), ("b", 0.3), ("c", 0.2)], reason="matched", score=0.7)
+    assert _cap(d, None) is d and _cap(d, 3) is d
+    capped = _cap(d, 2)
+    assert [s for s, _ in capped.route] == ["a", "b"] and abs(sum(w for _, w in capped.route) - 1) < 1e-9
+    assert capped.route[0][1] == 0.5 / 0.8 and (capped.reason, capped.score) == ("matched", 0.7)
