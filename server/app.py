@@ -28,6 +28,7 @@ from .config import ServerConfig
 from .engines import Engine, EngineBusy, EngineEvent, EngineRequest, SamplingParams
 from .errors import APIError, install_handlers
 from .metrics import Metrics
+from .middleware import AuthAndCount
 from .openai_api import ChatParams, chat_chunk, chat_completion, completion_id, parse_chat_request, route_field
 from .routing import RoutingStage, Target
 from .skills import SkillPool
@@ -103,29 +104,7 @@ def create_app(c: Components) -> FastAPI:
     install_handlers(app)
     m = c.metrics
 
-    @app.middleware("http")
-    async def auth_and_count(request: Request, call_next: Any) -> Response:
-        path = request.url.path
-        if c.cfg.api_key and (path.startswith("/v1") or path.startswith("/tasks")):
-            if request.headers.get("authorization") != f"Bearer {c.cfg.api_key}":
-                return JSONResponse(
-                    {
-                        "error": {
-                            "message": "invalid or missing API key",
-                            "type": "authentication_error",
-                            "param": None,
-                            "code": "invalid_api_key",
-                        }
-                    },
-                    status_code=401,
-                )
-        t0 = time.perf_counter()
-        response: Response = await call_next(request)
-        endpoint = request.scope.get("route").path if request.scope.get("route") else "unmatched"  # type: ignore[union-attr]
-        m.requests.labels(endpoint, str(response.status_code)).inc()
-        if not isinstance(response, StreamingResponse):
-            m.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
-        return response
+    app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=m)
 
     # --- health & metrics ---------------------------------------------------------------------
     @app.get("/healthz")
@@ -255,6 +234,14 @@ def create_app(c: Components) -> FastAPI:
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
+    async def _closing(stream: AsyncIterator[EngineEvent]) -> AsyncIterator[EngineEvent]:
+        """Close the request's events as soon as the response stops (a client that left aborts now, not at GC)."""
+        try:
+            async for ev in stream:
+                yield ev
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+
     async def _complete(
         request: Request,
         cid: str,
@@ -300,7 +287,7 @@ def create_app(c: Components) -> FastAPI:
         )
         ntok = 0
         try:
-            async for ev in stream:
+            async for ev in _closing(stream):
                 ntok = ev.tokens
                 if ev.text:
                     yield sse(chat_chunk(cid, params.model, created, {"content": ev.text}))

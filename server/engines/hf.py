@@ -110,6 +110,7 @@ class HFEngine:
         self._pending_lock = threading.Lock()
         self._alive = True
         self.steps = 0  # decode steps run (for tests and stats)
+        self._aborted = 0  # requests that ended by abort (a client went away)
         self._thread = threading.Thread(target=self._loop, name="skillpool-engine-hf", daemon=True)
         self._thread.start()
 
@@ -160,6 +161,7 @@ class HFEngine:
             "waiting": self._pending,
             "resident_skills": len(self.bank),
             "known_skills": len(self._current),
+            "aborted": self._aborted,
         }
 
     def close(self) -> None:
@@ -476,6 +478,7 @@ class HFEngine:
         if s.finished:
             return
         s.finished = True
+        self._aborted += reason == "abort"
         self._send(s, EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error))
 
     @staticmethod

@@ -179,6 +179,7 @@ def test_abort_frees_the_slot(tiny_base) -> None:  # type: ignore[no-untyped-def
             "waiting": 0,
             "resident_skills": 0,
             "known_skills": 3,
+            "aborted": 1,
         }
     finally:
         eng.close()

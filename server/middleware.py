@@ -1,0 +1,62 @@
+"""Bearer-key check and request counting as a plain ASGI middleware.
+
+Not Starlette's BaseHTTPMiddleware: that one runs the endpoint behind its own receive channel, so a
+handler's `request.is_disconnected()` never sees the client go away, and every response is re-wrapped
+as a stream.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import envelope
+from .metrics import Metrics
+
+_GUARDED = ("/v1", "/tasks")
+
+
+class AuthAndCount:
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics) -> None:
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.api_key and str(scope["path"]).startswith(_GUARDED):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
+                await _json(send, 401, envelope(401, "invalid or missing API key", None, "invalid_api_key"))
+                return
+        t0 = time.perf_counter()
+        status, streaming = 500, False
+
+        async def counted(message: Message) -> None:
+            nonlocal status, streaming
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = dict(message.get("headers") or [])
+                streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        finally:
+            route: Any = scope.get("route")
+            endpoint = route.path if route is not None else "unmatched"
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+            if not streaming:  # a stream's duration is the answer's, recorded by the chat handler
+                self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
+
+
+async def _json(send: Send, status: int, body: dict[str, Any]) -> None:
+    import json
+
+    raw = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": raw})

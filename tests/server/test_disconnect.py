@@ -1,0 +1,84 @@
+"""A client that goes away frees its engine slot, streaming or not (a real uvicorn server on a free port)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from skillpool.server.app import create_app
+from skillpool.server.bootstrap import build_components
+from skillpool.server.config import ServerConfig
+from skillpool.server.process import free_port
+
+
+@pytest.fixture(scope="module")
+def url(tiny_base, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    c = build_components(ServerConfig(data_dir=tmp_path_factory.mktemp("data")), base=tiny_base, embedder=embedder)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(c), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            httpx.get(base + "/healthz", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield base
+    server.should_exit = True
+    thread.join(10)
+    c.close()
+
+
+BODY = {
+    "model": "base",
+    "messages": [{"role": "user", "content": "Tell me a long story"}],
+    "max_tokens": 400,
+    "ignore_eos": True,
+    "temperature": 0,
+}
+
+
+def running_after_wait(url: str, want: int, timeout: float = 10) -> int:
+    deadline = time.time() + timeout
+    running = -1
+    while time.time() < deadline:
+        running = httpx.get(url + "/healthz").json()["running"]
+        if running == want:
+            break
+        time.sleep(0.05)
+    return running
+
+
+def aborted(url: str) -> int:
+    return int(httpx.get(url + "/healthz").json()["aborted"])
+
+
+def test_a_streaming_client_that_leaves_aborts_its_request(url: str) -> None:
+    before = aborted(url)
+    with (
+        httpx.Client(timeout=60) as cl,
+        cl.stream("POST", url + "/v1/chat/completions", json={**BODY, "stream": True}) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        seen = [next(lines) for _ in range(6)]
+        assert any('"content"' in x for x in seen)
+        assert running_after_wait(url, 1) == 1
+    assert running_after_wait(url, 0) == 0
+    assert aborted(url) == before + 1  # it ended by abort, not by running out of tokens
+
+
+def test_a_non_streaming_client_that_times_out_aborts_its_request(url: str) -> None:
+    before = aborted(url)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url + "/v1/chat/completions", json=BODY, timeout=0.5)
+    assert running_after_wait(url, 0) == 0
+    assert aborted(url) == before + 1
