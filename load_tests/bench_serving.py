@@ -180,7 +180,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="hf")
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--per-client", type=int, default=2, help="requests per closed-loop client")
+    ap.add_argument("--per-client", type=int, default=4, help="requests per closed-loop client")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rates", default="1,2", help="Poisson request rates (req/s), base model")
     ap.add_argument("--poisson-requests", type=int, default=24)

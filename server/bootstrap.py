@@ -16,6 +16,7 @@ from skillpool.trainer.worker import SkillTrainer
 from .app import Components
 from .config import ServerConfig
 from .engines import Engine
+from .judge import EngineJudge
 from .metrics import Metrics
 from .routing import RoutingStage
 from .skills import SkillPool
@@ -80,7 +81,8 @@ def build_components(
     router = make_router(cfg.router, base, embedder, cfg.device)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
-    trainer = trainer or SkillTrainer(store, router, base, device=cfg.device)
+    # the gate generates with this engine: a skill is judged by the engine that will serve it
+    trainer = trainer or SkillTrainer(store, router, base, device=cfg.device, judge=EngineJudge(engine))
     runner = make_runner(trainer, metrics) if cfg.run_trainer else None
     count = lambda j: metrics.training_jobs.labels(j.status).inc()  # noqa: E731
     jobs: JobQueue

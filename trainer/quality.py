@@ -19,12 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from skillpool.adapters_store.lora import LoRABank, Mix
+from skillpool.adapters_store.lora import Mix
 from skillpool.adapters_store.store import SkillRecord
 from skillpool.router import Router
 
 from .config import TrainConfig
-from .evaluation import generate_greedy, mean_score, metric_for, score
+from .evaluation import mean_score, metric_for, score
+from .judge import Judge
 
 Example = dict[str, Any]
 
@@ -47,18 +48,16 @@ def trivial_answer(answers: Sequence[str]) -> str:
     return Counter(a.strip() for a in answers).most_common(1)[0][0] if answers else ""
 
 
-def held_out_scores(
-    model: Any, tok: Any, bank: LoRABank, name: str, train: list[Example], held: list[Example]
-) -> dict[str, Any]:
+def held_out_scores(judge: Judge, tok: Any, key: str, train: list[Example], held: list[Example]) -> dict[str, Any]:
     """The new block (forced), the base model and the trivial answer on the held-out split."""
     metric = metric_for([e["answer"] for e in train])
     if not held:
         return {"metric": metric, "score": None, "base_score": None, "trivial_score": None, "n": 0}
     refs, prompts = [e["answer"] for e in held], [e["messages"] for e in held]
     budget = answer_budget(tok, [e["answer"] for e in train])
-    forced: list[Mix] = [[(name, 1.0)]] * len(held)
-    block = per_example(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=forced), refs)
-    base = per_example(metric, generate_greedy(model, tok, prompts, budget, bank=bank, mixes=[[]] * len(held)), refs)
+    forced: list[Mix] = [[(key, 1.0)]] * len(held)
+    block = per_example(metric, judge.generate(prompts, forced, budget), refs)
+    base = per_example(metric, judge.generate(prompts, [[]] * len(held), budget), refs)
     trivial = per_example(metric, [trivial_answer([e["answer"] for e in train])] * len(held), refs)
     reference = max(base, trivial, key=sum)
     gains = [b - r for b, r in zip(block, reference)]
@@ -92,20 +91,22 @@ class PoolProbe:
 
     def run(
         self,
-        model: Any,
+        judge: Judge,
         tok: Any,
-        bank: LoRABank,
         name: str,
+        key: str,
         tensors: dict[str, Any],
         attention: dict[str, float] | None,
     ) -> dict[str, dict[str, Any]]:
+        """`key`: the new block's key in the judge (the router knows it as `name`)."""
         probes = {rec.name: rec.probe() for rec in self.earlier}
         rows = [(rec.name, p) for rec in self.earlier for p in probes[rec.name]]
         if not rows:
             return {}
+        keys = {name: key}
         for rec in self.earlier:
             self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
-            bank.add(rec.name, rec.adapter())
+            keys[rec.name] = judge.registered(rec.name, rec.adapter)
         feats = self.router.features([p["route_text"] for _, p in rows])
         before = [d.route for d in self.router.route_features(feats)]
         self.router.add_skill(name, tensors, attention)
@@ -113,12 +114,14 @@ class PoolProbe:
         changed = [i for i in range(len(rows)) if after[i] != before[i]]
         budget = answer_budget(tok, [p["answer"] for _, p in rows])
         prompts = [p["messages"] for _, p in rows]
-        answers_before = generate_greedy(model, tok, prompts, budget, bank=bank, mixes=before)
+
+        def keyed(mix: Mix) -> Mix:
+            return [(keys[s], w) for s, w in mix]
+
+        answers_before = judge.generate(prompts, [keyed(m) for m in before], budget)
         answers_after = list(answers_before)
         if changed:
-            redo = generate_greedy(
-                model, tok, [prompts[i] for i in changed], budget, bank=bank, mixes=[after[i] for i in changed]
-            )
+            redo = judge.generate([prompts[i] for i in changed], [keyed(after[i]) for i in changed], budget)
             for i, a in zip(changed, redo):
                 answers_after[i] = a
         out: dict[str, dict[str, Any]] = {}

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from skillpool.adapters_store.base_model import BaseModel
-from skillpool.adapters_store.lora import LoRABank, load_peft_adapter, save_peft_adapter
+from skillpool.adapters_store.lora import load_peft_adapter, save_peft_adapter
 from skillpool.adapters_store.store import SkillDraft, SkillRecord, SkillStore
 from skillpool.router import Router
 
 from .attentive import train_attentive
 from .config import TrainConfig, method_error
+from .judge import Judge, LocalJudge
 from .kif import KIFSettings, fit_kif, init_from_blocks
 from .lora_train import Progress, add_lora, encode_example, fit_config, pad_id, save_adapter
 from .pseudo import GeneratorConfig, pseudo_replay
@@ -60,11 +61,20 @@ class SkillTrainer:
     """Trains skills against one base model and one router; used by the job queue's worker."""
 
     def __init__(
-        self, store: SkillStore, router: Router, base: BaseModel, device: str | None = None, sync_router: bool = False
+        self,
+        store: SkillStore,
+        router: Router,
+        base: BaseModel,
+        device: str | None = None,
+        sync_router: bool = False,
+        judge: Judge | None = None,
     ) -> None:
         """`sync_router`: the router is private to this trainer (a Redis worker), so it is refreshed from the
-        shared store before each job; a server's trainer shares the live router, which is always current."""
+        shared store before each job; a server's trainer shares the live router, which is always current.
+        `judge`: what the quality gate generates with (a server passes its engine); None: a LocalJudge on the
+        trainer's own model."""
         self.store, self.router, self.base, self.device, self.sync_router = store, router, base, device, sync_router
+        self.judge = judge
 
     def _load_base(self) -> tuple[Any, Any]:
         import torch
@@ -251,12 +261,16 @@ class SkillTrainer:
         force: bool,
     ) -> dict[str, Any]:
         """Score the new block and re-check earlier skills through the routed pool; raise unless it passes or is forced."""
-        bank = LoRABank(model)
-        bank.add(name, adapter)
-        new = held_out_scores(model, tok, bank, name, train, held)
-        earlier = [rec for rec in self.store.list_latest() if rec.name != name]
-        scratch = Router(self.router.embedder, self.router.settings, self.router.pooler)  # the live router is untouched
-        report = verdict(new, PoolProbe(scratch, earlier).run(model, tok, bank, name, tensors, attention), cfg, force)
+        judge = self.judge or LocalJudge(model, tok)
+        key = judge.candidate(name, lambda: adapter)
+        try:
+            new = held_out_scores(judge, tok, key, train, held)
+            earlier = [rec for rec in self.store.list_latest() if rec.name != name]
+            scratch = Router(self.router.embedder, self.router.settings, self.router.pooler)  # live router untouched
+            probe = PoolProbe(scratch, earlier).run(judge, tok, name, key, tensors, attention)
+        finally:
+            judge.remove(key)
+        report = verdict(new, probe, cfg, force)
         if not report["passed"] and not force:
             raise QualityGateFailed(report)
         return report

@@ -77,6 +77,10 @@ class Engine(Protocol):
         """The chat template applied and tokenized (blocking: call it off the event loop)."""
         ...
 
+    def submit(self, request: EngineRequest, sink: Callable[[EngineEvent], None]) -> None:
+        """Queue a request from any thread; `sink` gets its events (on the engine's thread). Raises EngineBusy."""
+        ...
+
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:
         """Submit and stream the request's events; closing the iterator early aborts it. Raises EngineBusy."""
         ...
