@@ -5,7 +5,8 @@ One engine thread runs iterations. Each iteration (vLLM's scheduler, simplified)
      removed (so skills change between steps without draining the batch);
   2. decodes one token for every running row (one batched forward over a shared, left-padded KV cache);
   3. prefills waiting requests within a per-step token budget (`max_batched_tokens` minus the decode
-     rows): whole prompts that fit go together in one padded forward; a prompt longer than what is left
+     rows): whole prompts that fit go together, in padded forwards of prompts of similar length; a prompt
+     longer than what is left
      is prefilled in chunks over several iterations, so a long prompt delays the others' next token by at
      most one chunk. Prefill computes logits for the last position only. A row whose prefill completes
      samples its first token at once and joins the decode batch (its KV cache is merged in).
@@ -315,8 +316,8 @@ class HFEngine:
                 if ok:
                     group.append(s)
                     used += n
-            if group:
-                self._prefill_whole(group)
+            for bucket in _similar_lengths(group):
+                self._prefill_whole(bucket)
             return
         if head.done_prompt == 0:  # a chunked prompt is admitted on its first chunk
             ok = self._admit(head)
@@ -487,3 +488,18 @@ class HFEngine:
             s.sink(ev)
         except Exception:  # a sink whose event loop is gone must not stop the engine
             log.warning("could not deliver an event of %s", s.req.request_id)
+
+
+def _similar_lengths(group: list[_Seq], max_padding: float = 0.1) -> list[list[_Seq]]:
+    """Prompts in buckets of similar length: a padded prefill computes every row to the longest prompt, and
+    on a CPU prefill is compute-bound (a 44-token prompt beside a 442-token one would cost ten times over)."""
+    buckets: list[list[_Seq]] = []
+    for s in sorted(group, key=lambda s: len(s.req.prompt_ids)):
+        if buckets:
+            b = [*buckets[-1], s]
+            total = sum(len(x.req.prompt_ids) for x in b)
+            if len(s.req.prompt_ids) * len(b) - total <= max_padding * total:
+                buckets[-1] = b
+                continue
+        buckets.append([s])
+    return buckets

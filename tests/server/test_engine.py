@@ -259,3 +259,13 @@ def test_requests_wait_for_a_skill_slot_instead_of_failing(tiny_base, engine: HF
         assert too_big.result()[1] == "error" and "max_loaded_skills" in (too_big.events[-1][1].error or "")
     finally:
         lru.close()
+
+
+def test_prefill_buckets_keep_padding_small() -> None:
+    from skillpool.server.engines.hf import _Seq, _similar_lengths
+
+    def seq(n: int) -> _Seq:
+        return _Seq(EngineRequest(f"b{n}", [1] * n, SamplingParams(max_tokens=1)), lambda ev: None, None, None)  # type: ignore[arg-type]
+
+    buckets = _similar_lengths([seq(n) for n in (44, 442, 440, 50, 150, 46)])
+    assert [[len(s.req.prompt_ids) for s in b] for b in buckets] == [[44, 46, 50], [150], [440, 442]]
