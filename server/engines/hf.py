@@ -433,6 +433,12 @@ class HFEngine:
         if len(keep) != len(self._running):
             self._running = [self._running[i] for i in keep]
             self._kv = self._kv.select(keep) if keep and self._kv is not None else None
+            retired = [k for k in self._lru if k not in self._loaders]  # replaced/removed versions still resident
+            if retired:
+                in_use = self._in_use()
+                for k in retired:
+                    if k not in in_use:
+                        self._evict(k)
         if any(s.finished for s in self._waiting):
             for s in [s for s in self._waiting if s.finished]:
                 self._waiting.remove(s)

@@ -232,6 +232,10 @@ def test_a_replaced_skill_serves_its_new_version_to_new_requests(tiny_base) -> N
         after = run(eng, ["Hello there"], [(("one", 1.0),)])
         assert after != before
         assert running.result() == solo_old  # the row admitted before the swap kept the old weights
+        deadline = time.time() + 5
+        while eng.stats()["resident_skills"] != 1 and time.time() < deadline:
+            time.sleep(0.01)
+        assert eng.stats()["resident_skills"] == 1  # the old version left once that row finished
         eng.remove_skill("one")
         assert run(eng, ["Hello there"], [(("one", 1.0),)])[0][1] == "error"
     finally:
