@@ -21,6 +21,7 @@ def centroid_keys(embeddings: np.ndarray, n_keys: int, seed: int = 0) -> np.ndar
         return _normalize(x.copy())
     km = faiss.Kmeans(x.shape[1], k, niter=25, seed=seed, spherical=True, verbose=False, min_points_per_centroid=1)
     km.train(x)
+    assert km.centroids is not None  # set by train()
     return _normalize(km.centroids.astype(np.float32))
 
 

@@ -120,7 +120,11 @@ def add_lora(
     return get_peft_model(
         model,
         LoraConfig(
-            r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
+            r=rank,
+            lora_alpha=alpha,  # type: ignore[arg-type]  # annotated int; PEFT scales by a float alpha just the same
+            lora_dropout=dropout,
+            target_modules=list(target_modules),
+            task_type="CAUSAL_LM",
         ),
     )
 

@@ -68,7 +68,7 @@ class RedisJobQueue:
         return Job.from_dict(json.loads(raw)) if raw else None
 
     def list(self) -> list[Job]:
-        ids = self.r.zrevrange(f"{self.p}:jobs", 0, -1)
+        ids: list[str] = self.r.zrevrange(f"{self.p}:jobs", 0, -1)  # type: ignore[assignment]  # decode_responses
         raws = self.r.mget([f"{self.p}:job:{i}" for i in ids]) if ids else []
         return [Job.from_dict(json.loads(x)) for x in raws if x]
 
@@ -139,6 +139,10 @@ class RedisJobQueue:
             job.status, job.started_at = "running", time.time()
             self._save(job)
             cancel_key = f"{self.p}:cancel:{job_id}"
+
+            def cancelled(key: str = cancel_key) -> bool:
+                return bool(self.r.exists(key))
+
             run_job(
                 job,
                 data["examples"],
@@ -147,7 +151,7 @@ class RedisJobQueue:
                 self._save,
                 self._finish,
                 self._succeeded,
-                lambda key=cancel_key: bool(self.r.exists(key)),
+                cancelled,
             )
 
     def _listen(self) -> None:

@@ -82,7 +82,8 @@ class SkillTrainer:
 
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         tok = AutoTokenizer.from_pretrained(str(self.base.path))
-        model = AutoModelForCausalLM.from_pretrained(str(self.base.path), dtype=torch.float32).to(device)
+        model = AutoModelForCausalLM.from_pretrained(str(self.base.path), dtype=torch.float32)
+        model = model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         return model, tok
 
     def check_method(self, method: str) -> None:

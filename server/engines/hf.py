@@ -84,7 +84,8 @@ class HFEngine:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
+        self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         self.bank = LoRABank(self.model)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 2048))
         eos = self.tokenizer.eos_token_id
@@ -131,7 +132,11 @@ class HFEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[EngineEvent] = asyncio.Queue()
-        self.submit(request, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+
+        def sink(ev: EngineEvent) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        self.submit(request, sink)
         finished = False
         try:
             while True:

@@ -23,7 +23,13 @@ class KVBatch:
         return cls(cache, mask)
 
     def _tensors(self) -> list[tuple[Tensor, Tensor]]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        out = []
+        for layer in self.cache.layers:
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if not isinstance(keys, Tensor) or not isinstance(values, Tensor):
+                raise TypeError(f"{type(layer).__name__} is not a full-attention KV layer")
+            out.append((keys, values))
+        return out
 
     def _set(self, tensors: Sequence[tuple[Tensor, Tensor]], mask: Tensor) -> KVBatch:
         return KVBatch(DynamicCache(ddp_cache_data=list(tensors)), mask)
