@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,24 +150,26 @@ class MixedLoRALinear(nn.Module):
 class RowBlocks:
     """One module's blocks for one batch: row b uses slots idx[b] with scales w·s (0 pads a short mix).
 
-    The LoRAX/Punica way: each row multiplies only by its own k blocks, gathered from the module's stack
-    of resident blocks, so the cost grows with a row's own rank, not with the union of the batch's skills
-    (16 rows with distinct k=3 mixes would otherwise stack 48 blocks for every row).
+    The LoRAX/Punica way: each row multiplies only by its own k blocks, gathered once per batch from the
+    module's stack of resident blocks, so the cost grows with a row's own rank, not with the union of the
+    batch's skills (16 rows with distinct k=3 mixes would otherwise stack 48 blocks for every row).
     """
 
-    A: Tensor  # (slots, r_max, in): every resident skill's A, zero-padded to the largest rank
-    B: Tensor  # (slots, out, r_max)
-    idx: Tensor  # (batch, k) slot of each of the row's blocks
-    scale: Tensor  # (batch, k * r_max) w_i · s_i on block i's rank columns
+    A: Tensor  # (batch, k * r_max, in): row b's blocks' A, stacked (zero rows pad a short mix or rank)
+    B: Tensor  # (batch, out, k * r_max): row b's blocks' B, each block's columns scaled by w_i · s_i
+
+    @classmethod
+    def gather(cls, A: Tensor, B: Tensor, idx: Tensor, scale: Tensor) -> RowBlocks:
+        """From a module's stacks (slots, r, in) / (slots, out, r), rows' slots idx (b, k), scales (b, k * r)."""
+        b, k = idx.shape
+        r = A.shape[1]
+        a = A[idx].reshape(b, k * r, A.shape[2])
+        bb = B[idx].permute(0, 2, 1, 3).reshape(b, B.shape[1], k * r) * scale.to(B.dtype)[:, None, :]
+        return cls(a, bb)
 
     def delta(self, x: Tensor) -> Tensor:
-        b, k = self.idx.shape
-        r = self.A.shape[1]
-        A = self.A[self.idx].reshape(b, k * r, -1)  # (b, kr, in)
-        B = self.B[self.idx].permute(0, 2, 1, 3).reshape(b, self.B.shape[1], k * r)  # (b, out, kr)
         x3 = x if x.dim() == 3 else x[:, None, :]
-        h = torch.bmm(x3, A.transpose(1, 2)) * self.scale.to(x.dtype)[:, None, :]
-        out = torch.bmm(h, B.transpose(1, 2))
+        out = torch.bmm(torch.bmm(x3, self.A.transpose(1, 2)), self.B.transpose(1, 2))
         return out if x.dim() == 3 else out[:, 0, :]
 
 
@@ -216,6 +219,10 @@ class LoRABank:
         self.adapters: dict[str, LoRAAdapter] = {}
         self.slots: dict[str, int] = {}
         self._free: list[int] = []
+        # Gathered blocks per batch composition: a decode batch keeps its rows for several steps, and prefill
+        # alternates with it, so the last few are kept (the version changes whenever a skill is added or removed).
+        self._version = 0
+        self._plans: OrderedDict[tuple[int, tuple[tuple[tuple[str, float], ...], ...]], list[RowBlocks]] = OrderedDict()
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -249,6 +256,8 @@ class LoRABank:
             stack.put(slot, adapter.modules.get(path))
         self.slots[name] = slot
         self.adapters[name] = adapter
+        self._version += 1
+        self._plans.clear()
 
     def remove(self, name: str) -> None:
         slot = self.slots.pop(name, None)
@@ -257,6 +266,8 @@ class LoRABank:
             for stack in self.stacks.values():
                 stack.put(slot, None)
             self._free.append(slot)
+            self._version += 1
+            self._plans.clear()
 
     def __contains__(self, name: str) -> bool:
         return name in self.adapters
@@ -273,6 +284,17 @@ class LoRABank:
         if k == 0 or not self.stacks:
             self.deactivate()
             return
+        key = (self._version, tuple(tuple((s, float(w)) for s, w in m) for m in mixes))
+        plans = self._plans.get(key)
+        if plans is None:
+            plans = self._plans[key] = self._gather(mixes, k)
+            while len(self._plans) > 4:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(key)
+        for stack, plan in zip(self.stacks.values(), plans):
+            stack.layer.plan = plan
+
+    def _gather(self, mixes: Sequence[Mix], k: int) -> list[RowBlocks]:
         idx = torch.zeros(len(mixes), k, dtype=torch.long)
         weight = torch.zeros(len(mixes), k, dtype=torch.float32)
         for b, mix in enumerate(mixes):
@@ -281,10 +303,12 @@ class LoRABank:
                     idx[b, j], weight[b, j] = self.slots[s], w
         idx = idx.to(self.device)
         weight = weight.to(self.device)
+        plans = []
         for stack in self.stacks.values():
             r = stack.A.shape[1]
             scale = (weight * stack.scaling[idx])[:, :, None].expand(-1, -1, r).reshape(len(mixes), k * r)
-            stack.layer.plan = RowBlocks(stack.A, stack.B, idx, scale)
+            plans.append(RowBlocks.gather(stack.A, stack.B, idx, scale))
+        return plans
 
     def deactivate(self) -> None:
         for stack in self.stacks.values():
