@@ -17,12 +17,11 @@ resident; others are read from the store on first use (S-LoRA's idea, from disk 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,29 +33,11 @@ from skillpool.adapters_store.lora import LoRABank
 
 from .detokenize import TextStream
 from .kv import KVBatch
-from .protocol import AdapterLoader, EngineBusy, EngineEvent, EngineRequest
+from .protocol import AdapterLoader, EngineBusy, EngineEvent, EngineRequest, StreamsEvents
+from .residency import SkillResidency
+from .rows import Row, Sink, sample, similar_lengths
 
 log = logging.getLogger(__name__)
-
-Sink = Callable[[EngineEvent], None]
-
-
-@dataclass
-class _Seq:
-    req: EngineRequest
-    sink: Sink
-    text: TextStream
-    gen: torch.Generator | None
-    done_prompt: int = 0  # prompt tokens prefilled so far
-    cache: DynamicCache | None = None  # while its prefill is chunked: its own cache (batch of 1)
-    mix: tuple[tuple[str, float], ...] = ()  # the request's mix with each skill's resident version key
-    out: int = 0  # completion tokens so far
-    last: int = -1  # the newest token, the next decode step's input
-    finished: bool = False
-
-    @property
-    def position(self) -> int:  # position id of `last`
-        return len(self.req.prompt_ids) + self.out - 1
 
 
 @dataclass
@@ -65,7 +46,7 @@ class _Control:
     args: tuple[Any, ...] = field(default_factory=tuple)
 
 
-class HFEngine:
+class HFEngine(StreamsEvents):
     """Loads a base model once and serves requests with continuous batching and per-row LoRA mixes."""
 
     name = "hf"
@@ -96,18 +77,12 @@ class HFEngine:
         if max_batched_tokens < max_num_seqs + 1:
             raise ValueError("max_batched_tokens must exceed max_num_seqs (each decode row takes one token a step)")
         self.max_num_seqs, self.max_batched_tokens, self.max_waiting = max_num_seqs, max_batched_tokens, max_waiting
-        self.max_loaded_skills = max_loaded_skills
         self.on_step = on_step  # observes the rows of every decode step (the batch-size metric)
         self._inbox: queue.SimpleQueue[_Control] = queue.SimpleQueue()
-        self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []  # the decode batch, in KV row order
+        self._waiting: deque[Row] = deque()
+        self._running: list[Row] = []  # the decode batch, in KV row order
         self._kv: KVBatch | None = None
-        # A skill's weights are kept under a version key (name#n): a request admitted before the skill was
-        # replaced keeps the weights it started with while new requests get the new version.
-        self._current: dict[str, str] = {}  # skill name -> its version key
-        self._loaders: dict[str, AdapterLoader] = {}  # version key -> reads the weights
-        self._generation = 0
-        self._lru: OrderedDict[str, None] = OrderedDict()  # resident version keys, least recently used first
+        self.skills = SkillResidency(self.bank, max_loaded_skills)
         self._pending = 0  # submitted and not yet admitted to the batch (for backpressure)
         self._pending_lock = threading.Lock()
         self._alive = True
@@ -129,26 +104,6 @@ class HFEngine:
             self._pending += 1
         self._inbox.put(_Control("submit", (req, sink)))
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[EngineEvent] = asyncio.Queue()
-
-        def sink(ev: EngineEvent) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, ev)
-
-        self.submit(request, sink)
-        finished = False
-        try:
-            while True:
-                ev = await events.get()
-                finished = ev.finish_reason is not None
-                yield ev
-                if finished:
-                    return
-        finally:
-            if not finished:  # the consumer went away (client disconnected): free the slot
-                self.abort(request.request_id)
-
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Control("abort", (request_id,)))
 
@@ -166,7 +121,7 @@ class HFEngine:
             "running": len(self._running),
             "waiting": self._pending,
             "resident_skills": len(self.bank),
-            "known_skills": len(self._current),
+            "known_skills": self.skills.known,
             "aborted": self._aborted,
         }
 
@@ -210,7 +165,7 @@ class HFEngine:
             return False
         if c.kind == "submit":
             req, sink = c.args
-            self._waiting.append(_Seq(req, sink, TextStream(self.tokenizer, req.params.stop), None))
+            self._waiting.append(Row(req, sink, TextStream(self.tokenizer, req.params.stop), None))
         elif c.kind == "abort":
             (rid,) = c.args
             for s in [*self._running, *self._waiting]:
@@ -219,26 +174,15 @@ class HFEngine:
             self._drop_finished()
         elif c.kind == "add":
             name, load = c.args
-            self._generation += 1
-            old, self._current[name] = self._current.get(name), f"{name}#{self._generation}"
-            self._loaders[self._current[name]] = load
-            self._retire(old)
+            self.skills.add(name, load, self._in_use())
         elif c.kind == "remove":
             (name,) = c.args
-            self._retire(self._current.pop(name, None))
+            self.skills.remove(name, self._in_use())
         return True
 
     def _in_use(self) -> set[str]:
         rows = [*self._running, *(s for s in self._waiting if s.done_prompt)]
         return {k for s in rows for k, _ in s.mix}
-
-    def _retire(self, key: str | None) -> None:
-        """An old version: dropped now if no running row uses it, else by LRU once they finish."""
-        if key is None:
-            return
-        self._loaders.pop(key, None)
-        if key in self.bank and key not in self._in_use():
-            self._evict(key)
 
     def _step(self) -> None:
         if self._running:
@@ -248,26 +192,15 @@ class HFEngine:
             self._prefill(budget)
 
     # --- admission, skills ----------------------------------------------------------------------
-    def _admit(self, s: _Seq, reserved: frozenset[str] = frozenset()) -> bool | None:
+    def _admit(self, s: Row, reserved: frozenset[str] = frozenset()) -> bool | None:
         """Make the row's skills resident and its sampler ready. False (and an error event): it cannot run;
         None: it must wait, every resident slot being in use by running rows."""
         try:
-            mix = []
-            for name, w in s.req.mix:
-                key = self._current.get(name)
-                if key is None:
-                    raise KeyError(f"skill {name!r} is not served by this engine (retired or never added)")
-                mix.append((key, w))
-            s.mix = tuple(mix)
+            s.mix = self.skills.resolve(s.req.mix)
             needed = [k for k, w in s.mix if w != 0.0]
-            if self.max_loaded_skills is not None and len(needed) > self.max_loaded_skills:
-                raise ValueError(
-                    f"the mix needs {len(needed)} skills, more than max_loaded_skills ({self.max_loaded_skills})"
-                )
             keep = self._in_use() | reserved | set(needed)  # reserved: skills of rows admitted with this one
-            for key in needed:
-                if not self._ensure_resident(key, keep):
-                    return None
+            if not self.skills.ensure(needed, keep):
+                return None
             p = s.req.params
             if p.temperature > 0:
                 s.gen = torch.Generator(device=self.device)
@@ -280,32 +213,11 @@ class HFEngine:
             return False
         return True
 
-    def _ensure_resident(self, key: str, keep: set[str]) -> bool:
-        """False: no slot can be freed now (all resident skills are in use)."""
-        if key in self.bank:
-            self._lru.move_to_end(key)
-            return True
-        load = self._loaders[key]
-        cap = self.max_loaded_skills
-        if cap is not None:
-            victims = [n for n in self._lru if n not in keep]
-            while len(self.bank) >= cap and victims:
-                self._evict(victims.pop(0))
-            if len(self.bank) >= cap:
-                return False
-        self.bank.add(key, load())
-        self._lru[key] = None
-        return True
-
-    def _evict(self, name: str) -> None:
-        self.bank.remove(name)
-        self._lru.pop(name, None)
-
     # --- prefill and decode ---------------------------------------------------------------------
     def _prefill(self, budget: int) -> None:
         head = self._waiting[0]
         if head.done_prompt == 0 and len(head.req.prompt_ids) <= budget:
-            group: list[_Seq] = []
+            group: list[Row] = []
             used = 0
             room = self.max_num_seqs - len(self._running)
             while self._waiting and len(group) < room:
@@ -321,7 +233,7 @@ class HFEngine:
                 if ok:
                     group.append(s)
                     used += n
-            for bucket in _similar_lengths(group):
+            for bucket in similar_lengths(group):
                 self._prefill_whole(bucket)
             return
         if head.done_prompt == 0:  # a chunked prompt is admitted on its first chunk
@@ -334,7 +246,7 @@ class HFEngine:
                 return
         self._prefill_chunk(head, budget)
 
-    def _prefill_whole(self, group: list[_Seq]) -> None:
+    def _prefill_whole(self, group: list[Row]) -> None:
         n, width = len(group), max(len(s.req.prompt_ids) for s in group)
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
@@ -364,7 +276,7 @@ class HFEngine:
             s.done_prompt = len(s.req.prompt_ids)
         self._join(group, KVBatch.from_cache(cache, mask), out.logits[:, -1, :])
 
-    def _prefill_chunk(self, s: _Seq, budget: int) -> None:
+    def _prefill_chunk(self, s: Row, budget: int) -> None:
         p = s.req.prompt_ids
         start, end = s.done_prompt, min(len(p), s.done_prompt + budget)
         s.cache = s.cache if s.cache is not None else DynamicCache()
@@ -397,9 +309,9 @@ class HFEngine:
             out.logits[:, -1, :],
         )
 
-    def _join(self, group: list[_Seq], kv: KVBatch, logits: torch.Tensor) -> None:
+    def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
         """Sample each new row's first token; rows that go on join the decode batch."""
-        tokens = self._sample(logits.float(), group)
+        tokens = sample(logits.float(), group)
         keep = [i for i, (s, t) in enumerate(zip(group, tokens)) if self._push(s, t)]
         if not keep:
             return
@@ -428,7 +340,7 @@ class HFEngine:
         self.steps += 1
         if self.on_step is not None:
             self.on_step(len(rows))
-        for s, t in zip(rows, self._sample(out.logits[:, -1, :].float(), rows)):
+        for s, t in zip(rows, sample(out.logits[:, -1, :].float(), rows)):
             if not s.finished:
                 self._push(s, t)
         self._drop_finished()
@@ -438,12 +350,7 @@ class HFEngine:
         if len(keep) != len(self._running):
             self._running = [self._running[i] for i in keep]
             self._kv = self._kv.select(keep) if keep and self._kv is not None else None
-            retired = [k for k in self._lru if k not in self._loaders]  # replaced/removed versions still resident
-            if retired:
-                in_use = self._in_use()
-                for k in retired:
-                    if k not in in_use:
-                        self._evict(k)
+            self.skills.sweep(self._in_use())
         if any(s.finished for s in self._waiting):
             for s in [s for s in self._waiting if s.finished]:
                 self._waiting.remove(s)
@@ -453,22 +360,8 @@ class HFEngine:
         with self._pending_lock:
             self._pending -= 1
 
-    def _sample(self, logits: torch.Tensor, rows: Sequence[_Seq]) -> list[int]:
-        out = logits.argmax(dim=-1)
-        for i, s in enumerate(rows):
-            p = s.req.params
-            if p.temperature <= 0 or s.gen is None:
-                continue
-            probs = torch.softmax(logits[i] / p.temperature, dim=-1)
-            if p.top_p < 1.0:
-                sorted_p, order = probs.sort(descending=True)
-                keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # always keeps the top token
-                probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
-            out[i] = torch.multinomial(probs, 1, generator=s.gen)[0]
-        return [int(t) for t in out.tolist()]
-
     # --- events -----------------------------------------------------------------------------------
-    def _push(self, s: _Seq, token: int) -> bool:
+    def _push(self, s: Row, token: int) -> bool:
         """Record one sampled token and emit its text; False when the row is finished."""
         if token in self.eos_ids and not s.req.params.ignore_eos:
             self._finish(s, "stop", text=s.text.finish())
@@ -486,7 +379,7 @@ class HFEngine:
             self._send(s, EngineEvent(text=delta, tokens=s.out))
         return True
 
-    def _finish(self, s: _Seq, reason: str, text: str = "", error: str | None = None) -> None:
+    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None) -> None:
         if s.finished:
             return
         s.finished = True
@@ -494,23 +387,8 @@ class HFEngine:
         self._send(s, EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error))
 
     @staticmethod
-    def _send(s: _Seq, ev: EngineEvent) -> None:
+    def _send(s: Row, ev: EngineEvent) -> None:
         try:
             s.sink(ev)
         except Exception:  # a sink whose event loop is gone must not stop the engine
             log.warning("could not deliver an event of %s", s.req.request_id)
-
-
-def _similar_lengths(group: list[_Seq], max_padding: float = 0.1) -> list[list[_Seq]]:
-    """Prompts in buckets of similar length: a padded prefill computes every row to the longest prompt, and
-    on a CPU prefill is compute-bound (a 44-token prompt beside a 442-token one would cost ten times over)."""
-    buckets: list[list[_Seq]] = []
-    for s in sorted(group, key=lambda s: len(s.req.prompt_ids)):
-        if buckets:
-            b = [*buckets[-1], s]
-            total = sum(len(x.req.prompt_ids) for x in b)
-            if len(s.req.prompt_ids) * len(b) - total <= max_padding * total:
-                buckets[-1] = b
-                continue
-        buckets.append([s])
-    return buckets

@@ -8,6 +8,7 @@ a weighted mix; empty = the base model).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -100,3 +101,34 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class StreamsEvents:
+    """`generate` for an engine that has thread-safe `submit` and `abort`: events arrive on the engine's
+    thread and are handed to the caller's event loop; closing the iterator early aborts the request."""
+
+    def submit(self, request: EngineRequest, sink: Callable[[EngineEvent], None]) -> None:
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[EngineEvent] = asyncio.Queue()
+
+        def sink(ev: EngineEvent) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        self.submit(request, sink)
+        finished = False
+        try:
+            while True:
+                ev = await events.get()
+                finished = ev.finish_reason is not None
+                yield ev
+                if finished:
+                    return
+        finally:
+            if not finished:  # the consumer went away (client disconnected): free the slot
+                self.abort(request.request_id)

@@ -266,10 +266,10 @@ def test_requests_wait_for_a_skill_slot_instead_of_failing(tiny_base, engine: HF
 
 
 def test_prefill_buckets_keep_padding_small() -> None:
-    from skillpool.server.engines.hf import _Seq, _similar_lengths
+    from skillpool.server.engines.rows import Row, similar_lengths
 
-    def seq(n: int) -> _Seq:
-        return _Seq(EngineRequest(f"b{n}", [1] * n, SamplingParams(max_tokens=1)), lambda ev: None, None, None)  # type: ignore[arg-type]
+    def seq(n: int) -> Row:
+        return Row(EngineRequest(f"b{n}", [1] * n, SamplingParams(max_tokens=1)), lambda ev: None, None, None)  # type: ignore[arg-type]
 
-    buckets = _similar_lengths([seq(n) for n in (44, 442, 440, 50, 150, 46)])
+    buckets = similar_lengths([seq(n) for n in (44, 442, 440, 50, 150, 46)])
     assert [[len(s.req.prompt_ids) for s in b] for b in buckets] == [[44, 46, 50], [150], [440, 442]]

@@ -1,0 +1,85 @@
+"""Which version of each skill serves new requests, and whose weights are resident in the engine.
+
+A skill's weights are kept under a version key (name#n): a request admitted before the skill was
+replaced keeps the weights it started with, while new requests get the new version. Only the
+`max_loaded` most recently used versions are resident (LRU); the others are read from the store again
+on their next use. A retired version (replaced or removed) leaves as soon as no running row uses it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from skillpool.adapters_store.lora import LoRABank
+
+from .protocol import AdapterLoader, Mix
+
+
+class SkillResidency:
+    def __init__(self, bank: LoRABank, max_loaded: int | None) -> None:
+        self.bank, self.max_loaded = bank, max_loaded
+        self._current: dict[str, str] = {}  # skill name -> its version key
+        self._loaders: dict[str, AdapterLoader] = {}  # live version key -> reads the weights
+        self._generation = 0
+        self._lru: OrderedDict[str, None] = OrderedDict()  # resident version keys, least recently used first
+
+    @property
+    def known(self) -> int:
+        return len(self._current)
+
+    def add(self, name: str, load: AdapterLoader, in_use: set[str]) -> None:
+        self._generation += 1
+        old, self._current[name] = self._current.get(name), f"{name}#{self._generation}"
+        self._loaders[self._current[name]] = load
+        self._retire(old, in_use)
+
+    def remove(self, name: str, in_use: set[str]) -> None:
+        self._retire(self._current.pop(name, None), in_use)
+
+    def resolve(self, mix: Mix) -> Mix:
+        """The mix with each skill's current version key; KeyError for a skill this engine does not serve."""
+        out = []
+        for name, w in mix:
+            key = self._current.get(name)
+            if key is None:
+                raise KeyError(f"skill {name!r} is not served by this engine (retired or never added)")
+            out.append((key, w))
+        return tuple(out)
+
+    def ensure(self, keys: Iterable[str], keep: set[str]) -> bool:
+        """Make these versions resident, evicting the least recently used ones not in `keep`. False: no slot
+        can be freed now (every resident version is in use): the request waits."""
+        keys = list(keys)
+        if self.max_loaded is not None and len(keys) > self.max_loaded:
+            raise ValueError(f"the mix needs {len(keys)} skills, more than max_loaded_skills ({self.max_loaded})")
+        for key in keys:
+            if key in self.bank:
+                self._lru.move_to_end(key)
+                continue
+            load = self._loaders[key]
+            if self.max_loaded is not None:
+                victims = [n for n in self._lru if n not in keep]
+                while len(self.bank) >= self.max_loaded and victims:
+                    self._evict(victims.pop(0))
+                if len(self.bank) >= self.max_loaded:
+                    return False
+            self.bank.add(key, load())
+            self._lru[key] = None
+        return True
+
+    def sweep(self, in_use: set[str]) -> None:
+        """Drop retired versions that no row uses any more."""
+        for key in [k for k in self._lru if k not in self._loaders and k not in in_use]:
+            self._evict(key)
+
+    def _retire(self, key: str | None, in_use: set[str]) -> None:
+        if key is None:
+            return
+        self._loaders.pop(key, None)
+        if key in self.bank and key not in in_use:
+            self._evict(key)
+
+    def _evict(self, key: str) -> None:
+        self.bank.remove(key)
+        self._lru.pop(key, None)
