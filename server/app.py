@@ -1,36 +1,34 @@
-"""FastAPI app: /v1/chat/completions, /v1/models, /tasks, /healthz, /metrics."""
+"""FastAPI app: /v1/models, /tasks, /healthz, /metrics; the chat route lives in chat_api."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import math
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import UploadFile
 
 from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.adapters_store.store import SkillStore
-from skillpool.router import Decision, Router
+from skillpool.router import Router
 from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
-from skillpool.trainer.datasets import DatasetError, parse_jsonl, route_text
+from skillpool.trainer.datasets import DatasetError, parse_jsonl
 from skillpool.trainer.jobs import Job, JobQueue, new_job_id
 
+from .chat_api import install_chat
 from .config import ServerConfig
-from .engines import Engine, EngineBusy, EngineEvent, EngineRequest, SamplingParams
+from .engines import Engine
 from .errors import APIError, install_handlers
 from .metrics import Metrics
 from .middleware import AuthAndCount
-from .openai_api import ChatParams, chat_chunk, chat_completion, completion_id, parse_chat_request, route_field
-from .routing import RoutingStage, Target
+from .routing import RoutingStage
 from .skills import SkillPool
 
 log = logging.getLogger(__name__)
@@ -53,49 +51,6 @@ class Components:
         self.routing.close()
         self.jobs.close()
         self.engine.close()
-
-
-def _target(c: Components, model: str) -> Target:
-    """'auto' routes; the base model id (or 'base') means no adapter; a skill name forces that skill;
-    'skill=weight,skill=weight' forces that mix (weights renormalized)."""
-    if model == "auto":
-        return "auto"
-    if model in (c.base.model_id, "base"):
-        return "base"
-    if c.pool.get(model) is not None:
-        return model
-    if "=" in model:
-        return _explicit_mix(c, model)
-    raise APIError(
-        404,
-        f"The model '{model}' does not exist (use 'auto', '{c.base.model_id}' or a skill name)",
-        "model",
-        "model_not_found",
-    )
-
-
-def _explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
-    mix: dict[str, float] = {}
-    for part in model.split(","):
-        name, _, raw = part.partition("=")
-        try:
-            w = float(raw)
-        except ValueError:
-            w = math.nan
-        if not math.isfinite(w) or w <= 0:
-            raise APIError(
-                400, f"mix weight for {name!r} must be a positive number, got {raw!r}", "model", "invalid_value"
-            )
-        if c.pool.get(name) is None:
-            raise APIError(404, f"The model '{name}' in the mix does not exist", "model", "model_not_found")
-        mix[name] = mix.get(name, 0.0) + w
-    cap = c.cfg.max_loaded_skills
-    if cap is not None and len(mix) > cap:
-        raise APIError(
-            400, f"the mix names {len(mix)} skills; this server keeps {cap} loaded", "model", "invalid_value"
-        )
-    total = sum(mix.values())
-    return tuple(sorted(((s, w / total) for s, w in mix.items()), key=lambda sw: -sw[1]))
 
 
 def create_app(c: Components) -> FastAPI:
@@ -161,155 +116,7 @@ def create_app(c: Components) -> FastAPI:
                 return obj
         raise APIError(404, f"The model '{model_id}' does not exist", "model", "model_not_found")
 
-    # --- chat ---------------------------------------------------------------------------------
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        t0 = time.perf_counter()
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise APIError(400, "request body is not valid JSON", None, "invalid_json") from None
-        params = parse_chat_request(body)
-        target = _target(c, params.model)
-        # a long prompt takes seconds to template and tokenize: never on the event loop
-        prompt_ids = await asyncio.to_thread(c.engine.encode_chat, params.messages)
-        room = c.engine.max_context - len(prompt_ids)
-        if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
-            raise APIError(
-                400,
-                f"This model's maximum context length is {c.engine.max_context} tokens; the messages use {len(prompt_ids)} "
-                f"and max_tokens asks for {params.max_tokens}",
-                "messages" if room < 1 else "max_tokens",
-                "context_length_exceeded",
-            )
-        decision = await c.routing.decide(route_text(params.messages), target)
-        cid = completion_id()
-        sampling = SamplingParams(
-            max_tokens=params.max_tokens or min(room, c.cfg.default_max_tokens),
-            temperature=params.temperature,
-            top_p=params.top_p,
-            seed=params.seed,
-            stop=tuple(params.stop),
-            ignore_eos=params.ignore_eos,
-        )
-        events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, tuple(decision.route)))
-        try:
-            first = await anext(events)  # submits: a full queue answers 429 before any response starts
-        except EngineBusy as e:
-            raise APIError(
-                429,
-                f"the server is busy ({e.waiting} requests waiting); retry later",
-                None,
-                "server_busy",
-                headers={"Retry-After": str(e.retry_after_s)},
-            ) from None
-        if first.finish_reason == "error":
-            raise APIError(500, f"generation failed: {first.error}", None, "internal_error")
-        headers = {"x-skillpool-route": decision.header()}
-        m.tokens.labels("prompt").inc(len(prompt_ids))
-        stream = _timed(first, events, t0)
-        if params.stream:
-            return StreamingResponse(
-                _stream(cid, stream, params, decision, len(prompt_ids)), media_type="text/event-stream", headers=headers
-            )
-        return await _complete(request, cid, stream, params, decision, len(prompt_ids), headers)
-
-    async def _timed(first: EngineEvent, events: AsyncIterator[EngineEvent], t0: float) -> AsyncIterator[EngineEvent]:
-        """The request's events with latency metrics; closing it early aborts the request in the engine."""
-        t_first = time.perf_counter()
-        m.ttft.observe(t_first - t0)
-        ev = first
-        try:
-            while True:
-                if ev.finish_reason == "error":
-                    raise RuntimeError(ev.error or "generation failed")
-                yield ev
-                if ev.finish_reason is not None:
-                    if ev.tokens > 1:
-                        m.inter_token.observe((time.perf_counter() - t_first) / (ev.tokens - 1))
-                    m.tokens.labels("completion").inc(ev.tokens)
-                    m.request_seconds.labels("/v1/chat/completions").observe(time.perf_counter() - t0)
-                    return
-                ev = await anext(events)
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-
-    async def _closing(stream: AsyncIterator[EngineEvent]) -> AsyncIterator[EngineEvent]:
-        """Close the request's events as soon as the response stops (a client that left aborts now, not at GC)."""
-        try:
-            async for ev in stream:
-                yield ev
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-
-    async def _complete(
-        request: Request,
-        cid: str,
-        stream: AsyncIterator[EngineEvent],
-        params: ChatParams,
-        d: Decision,
-        n_prompt: int,
-        headers: dict[str, str],
-    ) -> Response:
-        parts: list[str] = []
-        finish, ntok = "stop", 0
-
-        async def collect() -> None:
-            nonlocal finish, ntok
-            async for ev in stream:
-                parts.append(ev.text)
-                finish, ntok = ev.finish_reason or finish, ev.tokens
-
-        task = asyncio.ensure_future(collect())
-        while not task.done():  # a client that disconnects aborts its request and frees its slot
-            done, _ = await asyncio.wait({task}, timeout=0.25)
-            if not done and await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return Response(status_code=499)
-        try:
-            task.result()
-        except RuntimeError as e:
-            raise APIError(500, f"generation failed: {e}", None, "internal_error") from None
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": ntok, "total_tokens": n_prompt + ntok}
-        return JSONResponse(chat_completion(cid, params.model, "".join(parts), finish, usage, d), headers=headers)
-
-    async def _stream(
-        cid: str, stream: AsyncIterator[EngineEvent], params: ChatParams, d: Decision, n_prompt: int
-    ) -> AsyncIterator[str]:
-        created = int(time.time())
-
-        def sse(obj: dict[str, Any]) -> str:
-            return f"data: {json.dumps(obj)}\n\n"
-
-        yield sse(
-            chat_chunk(cid, params.model, created, {"role": "assistant", "content": ""}, skillpool=route_field(d))
-        )
-        ntok = 0
-        try:
-            async for ev in _closing(stream):
-                ntok = ev.tokens
-                if ev.text:
-                    yield sse(chat_chunk(cid, params.model, created, {"content": ev.text}))
-                if ev.finish_reason is not None:
-                    yield sse(chat_chunk(cid, params.model, created, {}, ev.finish_reason))
-        except Exception as e:  # headers are gone: report in-band, as OpenAI does
-            log.exception("stream failed")
-            yield sse(
-                {
-                    "error": {
-                        "message": f"generation failed: {e}",
-                        "type": "server_error",
-                        "param": None,
-                        "code": "internal_error",
-                    }
-                }
-            )
-            return
-        if params.include_usage:
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": ntok, "total_tokens": n_prompt + ntok}
-            yield sse(chat_chunk(cid, params.model, created, None, usage=usage))
-        yield "data: [DONE]\n\n"
+    install_chat(app, c)
 
     # --- tasks --------------------------------------------------------------------------------
     @app.post("/tasks", status_code=202)
