@@ -44,8 +44,7 @@ def smollm() -> object:
     return resolve_base_model()
 
 
-@pytest.fixture(scope="session")
-def tiny_base(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
+def make_tiny_base(smollm, folder, max_positions: int = 512):  # type: ignore[no-untyped-def]
     """A 2-layer random LLaMA (real SmolLM2 tokenizer and chat template) saved as a local checkpoint."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -61,17 +60,21 @@ def tiny_base(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
     model = LlamaForCausalLM(cfg)
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return BaseModel(path=path, model_id="tiny-llama", fingerprint=fingerprint_dir(path))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return BaseModel(path=folder, model_id="tiny-llama", fingerprint=fingerprint_dir(folder))
+
+
+@pytest.fixture(scope="session")
+def tiny_base(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
+    return make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")

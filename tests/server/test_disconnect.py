@@ -14,24 +14,27 @@ from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
 from skillpool.server.process import free_port
+from tests.conftest import make_tiny_base
 
 
 @pytest.fixture(scope="module")
-def url(tiny_base, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    c = build_components(ServerConfig(data_dir=tmp_path_factory.mktemp("data")), base=tiny_base, embedder=embedder)
+def url(smollm, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    # a long context, so that an answer takes seconds even on an idle machine (at >= 1 ms a decode step)
+    base = make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-long"), max_positions=8192)
+    c = build_components(ServerConfig(data_dir=tmp_path_factory.mktemp("data")), base=base, embedder=embedder)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(c), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    base = f"http://127.0.0.1:{port}"
+    root = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
-            httpx.get(base + "/healthz", timeout=1)
+            httpx.get(root + "/healthz", timeout=1)
             break
         except httpx.HTTPError:
             time.sleep(0.1)
-    yield base
+    yield root
     server.should_exit = True
     thread.join(10)
     c.close()
@@ -40,7 +43,7 @@ def url(tiny_base, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore
 BODY = {
     "model": "base",
     "messages": [{"role": "user", "content": "Tell me a long story"}],
-    "max_tokens": 400,
+    "max_tokens": 6000,
     "ignore_eos": True,
     "temperature": 0,
 }
@@ -79,6 +82,6 @@ def test_a_streaming_client_that_leaves_aborts_its_request(url: str) -> None:
 def test_a_non_streaming_client_that_times_out_aborts_its_request(url: str) -> None:
     before = aborted(url)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(url + "/v1/chat/completions", json=BODY, timeout=0.5)
+        httpx.post(url + "/v1/chat/completions", json=BODY, timeout=1.0)
     assert running_after_wait(url, 0) == 0
     assert aborted(url) == before + 1
