@@ -34,16 +34,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import faiss
 import numpy as np
 import torch
 
+from .demand import DemandSettings, FallbackClusters
 from .dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
 from .embedder import Embedder
 from .formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
 from .keys import calibrate_threshold, centroid_keys, held_out_best
+from .needs import LabelIndex, LabelModel, LabelSettings, fit_labels, labels_accept_each
 from .sapt import SAPTSettings, SAPTState, TokenPooler
 
 MODES = ("dtkr", "sapt", "centroid")
@@ -73,6 +75,11 @@ class RouterSettings:
     dtkr: DTKRSettings = field(default_factory=DTKRSettings)
     sapt: SAPTSettings = field(default_factory=SAPTSettings)
     format: FormatSettings = field(default_factory=FormatSettings)
+    labels: LabelSettings = field(default_factory=LabelSettings)
+    # keys, thresholds and covariance also learn each training input without its instruction, so a request
+    # that words the instruction differently (or leaves it out) still lies inside the skill's region
+    augment_inputs: bool = True
+    demand: DemandSettings = field(default_factory=DemandSettings)  # clusters of live fallback requests
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -125,6 +132,7 @@ class _SkillKeys:
     count: int = 0  # how many inputs that covariance was measured on
     calib: np.ndarray | None = None  # (n, D) a sample of the skill's input embeddings (whitened gate)
     fmt: FormatModel | None = None  # the skill's format model (None: stored without one, not format-gated)
+    labels: LabelModel | None = None  # the skill's label set (None: stored without one, or not a classifier)
 
 
 def whitening(cov: np.ndarray, shrinkage: float) -> np.ndarray:
@@ -168,17 +176,37 @@ class Router:
         self._sapt_attention: dict[str, dict[str, float]] = {}
         self._sapt: SAPTState | None = None
         self._lock = threading.RLock()
+        self.demand = FallbackClusters(self.settings.demand)
         self._rebuild()
 
     # --- keys ---------------------------------------------------------------------------------
-    def prepare_keys(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """A skill's router tensors from its training inputs: keys and thresholds for every mode."""
-        return self.prepare_keys_from_embeddings(self.embedder.embed(texts), texts)
+    def prepare_keys(
+        self,
+        texts: Sequence[str],
+        inputs: Sequence[str] | None = None,
+        answers: Sequence[str] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """A skill's router tensors from its training prompts: keys and thresholds for every mode.
+
+        inputs: each prompt without its instruction (instruction rows: `input`; chat: the last user turn);
+        answers: the training answers. With them the format gate asks for what the skill needs (input
+        fields, label set, router.needs) instead of its instruction's words."""
+        return self.prepare_keys_from_embeddings(self.embedder.embed(texts), texts, inputs, answers)
 
     def prepare_keys_from_embeddings(
-        self, emb: np.ndarray, texts: Sequence[str] | None = None
+        self,
+        emb: np.ndarray,
+        texts: Sequence[str] | None = None,
+        inputs: Sequence[str] | None = None,
+        answers: Sequence[str] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """As prepare_keys, from the inputs' embeddings; without the texts the skill gets no format model."""
+        """As prepare_keys, from the prompts' embeddings; without the texts the skill gets no format model."""
+        if inputs is not None and (texts is None or len(inputs) != len(texts) or len(texts) != len(emb)):
+            raise ValueError("inputs need the texts, one input per text and per embedding")
+        bare = [i for i, (t, x) in enumerate(zip(texts or [], inputs or [])) if x.strip() and x != t]
+        if self.settings.augment_inputs and bare:
+            assert inputs is not None
+            emb = np.concatenate([emb, self.embedder.embed([inputs[i] for i in bare])])
         s = self.settings
         fit_c: Callable[[np.ndarray], np.ndarray] = lambda x: centroid_keys(x, s.n_keys)  # noqa: E731
         fit_d: Callable[[np.ndarray], torch.Tensor] = lambda x: train_dtkr_keys(x, s.n_keys, s.dtkr)  # noqa: E731
@@ -190,7 +218,15 @@ class Router:
         thr_c = calibrate_threshold(best_c, s.threshold_percentile, s.threshold_margin)
         thr_d = calibrate_threshold(best_d, s.threshold_percentile, s.threshold_margin)
         cov = np.cov(emb.T) if len(emb) > 1 else np.zeros((emb.shape[1], emb.shape[1]))
-        fmt = fit_format(texts, s.format).tensors() if texts is not None else {}
+        fmt: dict[str, torch.Tensor] = {}
+        if inputs is not None and s.format.source == "inputs":  # the fields a paraphrase keeps
+            fmt = fit_format(inputs, replace(s.format, min_df=s.format.input_min_df)).tensors()
+        elif texts is not None:
+            fmt = fit_format(texts, s.format).tensors()
+        if answers is not None and (
+            lab := fit_labels(answers, inputs if inputs is not None else texts or [], s.labels)
+        ):
+            fmt |= lab.tensors()
         return (
             fmt
             | {
@@ -239,9 +275,9 @@ class Router:
 
     def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
         """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
-        fmt = FormatModel.from_tensors(tensors)
+        fmt, labels = FormatModel.from_tensors(tensors), LabelModel.from_tensors(tensors)
         if self.settings.mode in ("centroid", "sapt"):
-            return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt)
+            return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt, labels=labels)
         g = self.settings.dtkr.groups
         if DTKR in tensors:
             sub, thr = tensors[DTKR].float(), float(tensors["threshold_dtkr"][0])
@@ -252,7 +288,7 @@ class Router:
         cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
         count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
         calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
-        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt)
+        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt, labels)
 
     @property
     def _whitened(self) -> bool:
@@ -334,6 +370,8 @@ class Router:
                     white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_threshold_margin)
         self._index, self._mix_index, self._white, self._owners = index, mix_index, white, owners
         self._white_thr = white_thr
+        lab = {n: sk.labels for n, sk in self._skills.items() if sk.labels is not None}
+        self._labels = LabelIndex(lab, self.settings.labels.min_foreign) if self.settings.labels.min_foreign else None
         self._dirty = False
 
     # --- routing ------------------------------------------------------------------------------
@@ -348,6 +386,37 @@ class Router:
         if not texts:
             return []
         return self.route_features(self.features(texts), open_set)
+
+    def route_traffic(self, texts: Sequence[str]) -> list[Decision]:
+        """route() for live requests: the ones that fall back feed the demand clusters (self.demand)."""
+        if not texts:
+            return []
+        f = self.features(texts)
+        ds = self.route_features(f)
+        fell = [i for i, d in enumerate(ds) if not d.route and d.reason != "no_skills"]
+        if fell:
+            self.demand.add(f.emb[fell], [texts[i] for i in fell])
+        return ds
+
+    def nearest_skills(self, emb: np.ndarray, n: int = 3) -> list[list[tuple[str, float]]]:
+        """The n skills whose keys are nearest to each embedding, with their best raw key score."""
+        with self._lock:
+            if self._dirty:
+                self._rebuild()
+            index, owners = self._index, self._owners
+        if not owners or not len(emb):
+            return [[] for _ in range(len(emb))]
+        scores, ids = index.search(self._query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), len(owners))
+        out = []
+        for sc, ix in zip(scores, ids):
+            best: dict[str, float] = {}
+            for v, j in zip(sc, ix):
+                if j >= 0 and owners[j] not in best:
+                    best[owners[j]] = float(v)
+                if len(best) >= n:
+                    break
+            out.append(list(best.items()))
+        return out
 
     def route_embeddings(self, emb: np.ndarray, pooled: torch.Tensor | None = None) -> list[Decision]:
         """Route precomputed embeddings; without the texts there is no format gate."""
@@ -367,7 +436,7 @@ class Router:
                 self._owners,
                 dict(self._skills),
             )
-            white_thr = self._white_thr
+            white_thr, label_index = self._white_thr, self._labels
         n = len(f.emb)
         if not owners:
             return [Decision(route=[], reason="no_skills") for _ in range(n)]
@@ -409,7 +478,9 @@ class Router:
                 grams is not None and best >= threshold
             ):  # resembles some skill: drop the slots of skills whose prompt text it lacks
                 cands = list(dict.fromkeys(owners[sid] for sid in (*m_ids[i], *ids[i]) if sid >= 0))
-                rejected = {c for c, ok in zip(cands, accepts_each(grams[i], [skills[c].fmt for c in cands])) if not ok}
+                ok = accepts_each(grams[i], [skills[c].fmt for c in cands])
+                ok &= labels_accept_each(grams[i], [skills[c].labels for c in cands], label_index)
+                rejected = {c for c, good in zip(cands, ok) if not good}
                 keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and owners[sid] not in rejected]
                 raw = [j for j, sid in enumerate(ids[i]) if sid >= 0 and owners[sid] not in rejected]
                 if not keep or not raw:
