@@ -23,6 +23,7 @@ from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, m
 from skillpool.trainer.datasets import DatasetError, parse_jsonl, route_text
 from skillpool.trainer.jobs import Job, JobQueue, new_job_id
 
+from .admin_api import install_admin
 from .config import ServerConfig
 from .engine_hf import GenEvent, HFEngine
 from .errors import APIError, install_handlers
@@ -72,6 +73,7 @@ def create_app(c: Components) -> FastAPI:
     app = FastAPI(title="skillpool", version="0.1.0")
     app.state.components = c
     install_handlers(app)
+    install_admin(app, c.router, c.metrics)
     m = c.metrics
 
     @app.middleware("http")

@@ -86,7 +86,8 @@ class Scheduler:
     def _route(self, batch: list[Pending]) -> list[Decision]:
         auto = [i for i, p in enumerate(batch) if p.target == "auto"]
         t0 = time.perf_counter()
-        routed = self.router.route([batch[i].route_text for i in auto]) if auto else []
+        # route_traffic: fallbacks also feed the demand clusters (router.demand)
+        routed = self.router.route_traffic([batch[i].route_text for i in auto]) if auto else []
         if auto:
             self.metrics.router_seconds.observe(time.perf_counter() - t0)
         decisions: list[Decision] = []
