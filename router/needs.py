@@ -16,6 +16,8 @@ label model) load and are gated as they were.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +26,55 @@ import numpy as np
 import torch
 
 from .formats import gram_ids
+
+_FIELD = re.compile(r"^[ \t]*([A-Za-z][A-Za-z0-9 _-]{0,30}?)[ \t]*:", re.M)
+
+
+def field_ids(text: str) -> np.ndarray:
+    """Sorted unique hashes of the text's line-initial field names ("Title:", "sentence 1:"), salted so they
+    never equal a word gram: they can join a request's gram set, where extra ids cost a format model nothing."""
+    names = {m.lower().strip() for m in _FIELD.findall(text)}
+    if not names:
+        return np.zeros(0, dtype=np.int64)
+    raw = b"".join(hashlib.blake2b(f"\x00field {n}".encode(), digest_size=8).digest() for n in names)
+    return np.unique(np.frombuffer(raw, dtype="<i8"))
+
+
+def request_grams(text: str) -> np.ndarray:
+    """What the gates look at in a request: its word grams and its field names."""
+    return np.union1d(gram_ids(text), field_ids(text))
+
+
+@dataclass(frozen=True)
+class FieldModel:
+    """The input fields a skill has seen. A request that fills in a field typical of some other skill
+    (sst-2's "Text:" sent to imdb, whose inputs have no field) asks for that skill's input, not this one's."""
+
+    seen: np.ndarray  # field ids in at least `seen_df` of the skill's inputs
+    typical: np.ndarray  # field ids in at least half of them (what marks a request as another skill's)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"fields_seen": torch.from_numpy(self.seen), "fields_typical": torch.from_numpy(self.typical)}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> FieldModel | None:
+        if "fields_seen" not in tensors:
+            return None
+        return cls(tensors["fields_seen"].numpy().astype(np.int64), tensors["fields_typical"].numpy().astype(np.int64))
+
+
+def fit_fields(inputs: Sequence[str], seen_df: float = 0.01) -> FieldModel:
+    sets = [field_ids(t) for t in inputs]
+    ids, counts = np.unique(np.concatenate(sets) if sets else np.zeros(0, np.int64), return_counts=True)
+    n = max(1, len(sets))
+    return FieldModel(ids[counts >= max(1, seen_df * n)], ids[counts >= 0.5 * n])
+
+
+def fields_accept_each(request: np.ndarray, models: Sequence[FieldModel | None], known: np.ndarray) -> np.ndarray:
+    """known: every registered skill's typical fields. A skill (None: stored without, passes) is turned
+    down when the request carries a known field its own inputs never had."""
+    foreign = np.intersect1d(request, known, assume_unique=True)
+    return np.array([m is None or not len(np.setdiff1d(foreign, m.seen)) for m in models], dtype=bool)
 
 
 @dataclass(frozen=True)
@@ -111,10 +162,11 @@ class LabelIndex:
     does a request name in full? A request that names another skill's whole option list ("very negative,
     negative, neutral, positive, very positive") asks for that output space, so a skill whose own labels it
     does not name in full (sst-2's Good, Bad) is not what it asks for. Two-label sets (True, False; Good,
-    Bad) are left out: reviews and passages name them by chance."""
+    Bad) are left out unless their owner's inputs never name one by chance: reviews say "good" and "bad"."""
 
     def __init__(self, models: dict[str, LabelModel], min_labels: int = 3) -> None:
-        kept = [(n, m) for n, m in models.items() if len(m.offsets) - 1 >= min_labels]
+        # also smaller sets whose labels the owner's own inputs never name by chance (entailment, contradiction)
+        kept = [(n, m) for n, m in models.items() if len(m.offsets) - 1 >= min_labels or m.max_partial <= 0]
         self._names = [n for n, _ in kept]
         self._grams = np.concatenate([m.grams for _, m in kept]) if kept else np.zeros(0, np.int64)
         lengths = np.concatenate([np.diff(m.offsets) for _, m in kept]) if kept else np.zeros(0, np.int64)

@@ -11,7 +11,7 @@ import torch
 from .dtkr import slot_scores, train_dtkr_keys
 from .formats import fit_format
 from .keys import calibrate_threshold, centroid_keys, held_out_best
-from .needs import fit_labels
+from .needs import fit_fields, fit_labels
 from .types import CENTROID, DTKR, RouterSettings
 
 
@@ -39,6 +39,8 @@ def skill_tensors(
         fmt = fit_format(texts, s.format).tensors()
     if answers is not None and (lab := fit_labels(answers, inputs if inputs is not None else texts or [], s.labels)):
         fmt |= lab.tensors()
+    if inputs is not None and s.format.source == "inputs":
+        fmt |= fit_fields(inputs).tensors()
     return (
         fmt
         | {

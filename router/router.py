@@ -43,9 +43,9 @@ import torch
 from .demand import FallbackClusters
 from .dtkr import split_groups
 from .embedder import Embedder
-from .formats import FormatModel, accepts_each, gram_ids
+from .formats import FormatModel, accepts_each
 from .keys import calibrate_threshold
-from .needs import LabelIndex, LabelModel, labels_accept_each
+from .needs import FieldModel, LabelIndex, LabelModel, fields_accept_each, labels_accept_each, request_grams
 from .prepare import skill_tensors
 from .sapt import SAPTState, TokenPooler
 from .types import (
@@ -151,8 +151,11 @@ class Router:
     def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
         """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
         fmt, labels = FormatModel.from_tensors(tensors), LabelModel.from_tensors(tensors)
+        fields = FieldModel.from_tensors(tensors)
         if self.settings.mode in ("centroid", "sapt"):
-            return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt, labels=labels)
+            return _SkillKeys(
+                _rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt, labels=labels, fields=fields
+            )
         g = self.settings.dtkr.groups
         if DTKR in tensors:
             sub, thr = tensors[DTKR].float(), float(tensors["threshold_dtkr"][0])
@@ -163,7 +166,9 @@ class Router:
         cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
         count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
         calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
-        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt, labels)
+        return _SkillKeys(
+            _flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt, labels, fields
+        )
 
     @property
     def _whitened(self) -> bool:
@@ -247,13 +252,15 @@ class Router:
         self._white_thr = white_thr
         lab = {n: sk.labels for n, sk in self._skills.items() if sk.labels is not None}
         self._labels = LabelIndex(lab, self.settings.labels.min_foreign) if self.settings.labels.min_foreign else None
+        typical = [sk.fields.typical for sk in self._skills.values() if sk.fields is not None]
+        self._known_fields = np.unique(np.concatenate(typical)) if typical else np.zeros(0, np.int64)
         self._dirty = False
 
     # --- routing ------------------------------------------------------------------------------
     def features(self, texts: Sequence[str]) -> Features:
         """Everything routing needs from a batch of texts, computed in one batch."""
         pooled = self.pooler(texts) if self.settings.mode == "sapt" and self.pooler is not None else None
-        grams = [gram_ids(t) for t in texts] if self.settings.format.enabled else None
+        grams = [request_grams(t) for t in texts] if self.settings.format.enabled else None
         return Features(self.embedder.embed(texts), pooled, grams)
 
     def route(self, texts: Sequence[str], open_set: bool = True) -> list[Decision]:
@@ -311,7 +318,7 @@ class Router:
                 self._owners,
                 dict(self._skills),
             )
-            white_thr, label_index = self._white_thr, self._labels
+            white_thr, label_index, known_fields = self._white_thr, self._labels, self._known_fields
         n = len(f.emb)
         if not owners:
             return [Decision(route=[], reason="no_skills") for _ in range(n)]
@@ -355,6 +362,7 @@ class Router:
                 cands = list(dict.fromkeys(owners[sid] for sid in (*m_ids[i], *ids[i]) if sid >= 0))
                 ok = accepts_each(grams[i], [skills[c].fmt for c in cands])
                 ok &= labels_accept_each(grams[i], [skills[c].labels for c in cands], label_index)
+                ok &= fields_accept_each(grams[i], [skills[c].fields for c in cands], known_fields)
                 rejected = {c for c, good in zip(cands, ok) if not good}
                 keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and owners[sid] not in rejected]
                 raw = [j for j, sid in enumerate(ids[i]) if sid >= 0 and owners[sid] not in rejected]

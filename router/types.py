@@ -11,7 +11,7 @@ import torch
 from .demand import DemandSettings
 from .dtkr import DTKRSettings
 from .formats import FormatModel, FormatSettings
-from .needs import LabelModel, LabelSettings
+from .needs import FieldModel, LabelModel, LabelSettings
 from .sapt import SAPTSettings
 
 MODES = ("dtkr", "sapt", "centroid")
@@ -99,6 +99,7 @@ class _SkillKeys:
     calib: np.ndarray | None = None  # (n, D) a sample of the skill's input embeddings (whitened gate)
     fmt: FormatModel | None = None  # the skill's format model (None: stored without one, not format-gated)
     labels: LabelModel | None = None  # the skill's label set (None: stored without one, or not a classifier)
+    fields: FieldModel | None = None  # the input fields it has seen (None: stored without)
 
 
 def whitening(cov: np.ndarray, shrinkage: float) -> np.ndarray:

@@ -10,7 +10,17 @@ import pytest
 from skillpool.router import Router, RouterSettings
 from skillpool.router.evaluation import task_text
 from skillpool.router.formats import gram_ids
-from skillpool.router.needs import LabelModel, LabelSettings, fit_labels, label_set
+from skillpool.router.needs import (
+    FieldModel,
+    LabelModel,
+    LabelSettings,
+    field_ids,
+    fields_accept_each,
+    fit_fields,
+    fit_labels,
+    label_set,
+    request_grams,
+)
 from tests.conftest import REPO, dataset_dir, read_task
 
 PARAPHRASES = json.loads((REPO / "load_tests" / "paraphrases" / "long_sequence.json").read_text(encoding="utf-8"))
@@ -51,6 +61,30 @@ def test_a_request_naming_part_of_the_label_set_asks_for_another_task() -> None:
     assert model.accepts(gram_ids(own)) and model.accepts(gram_ids("sentence 1: a\nsentence 2: b"))
     restored = LabelModel.from_tensors(model.tensors())
     assert restored is not None and restored.accepts(gram_ids(own)) and not restored.accepts(gram_ids(rte))
+
+
+def test_field_ids_are_line_initial_names_apart_from_word_grams() -> None:
+    ids = field_ids("Title: a day\nText: so: it went\n\nAnswer:")
+    assert len(ids) == 3 and np.array_equal(ids, field_ids("title: x\n  TEXT : y\nanswer: z"))
+    assert not len(field_ids("I like it. Text: not at a line start"))
+    assert not np.intersect1d(ids, gram_ids("title text answer")).size  # salted: never a word gram
+    assert np.array_equal(request_grams("Title: a"), np.union1d(gram_ids("Title: a"), field_ids("Title: a")))
+
+
+def test_a_request_with_another_skills_fields_is_not_for_a_skill_without_them() -> None:
+    """imdb's inputs have no field; sst-2's and amazon's have "Text:". Same labels (Good, Bad) for imdb and
+    sst-2, so only the field tells an sst-2 request from an imdb one."""
+    imdb = fit_fields([e["route_input"] for e in read_task("long_sequence", "imdb", "train", 300)])
+    amazon = fit_fields([e["route_input"] for e in read_task("long_sequence", "amazon", "train", 300)])
+    assert len(imdb.typical) == 1 and len(amazon.typical) == 3  # answer; title, text, answer
+    known = np.unique(np.concatenate([imdb.typical, amazon.typical]))
+    models: list[FieldModel | None] = [imdb, amazon, None]
+    sst2 = [request_grams(t) for t in _paraphrased("sst-2", 30)]
+    assert all(list(fields_accept_each(r, models, known)) == [False, True, True] for r in sst2)
+    own = [request_grams(t) for t in _paraphrased("imdb", 30)]
+    assert sum(fields_accept_each(r, models, known)[0] for r in own) >= 29
+    restored = FieldModel.from_tensors(imdb.tensors())
+    assert restored is not None and np.array_equal(restored.seen, imdb.seen)
 
 
 @pytest.fixture(scope="module")
