@@ -110,7 +110,11 @@ class LabelModel:
         named = np.add.reduceat(present.astype(np.int64), self.offsets[:-1]) == lengths
         return float(named.mean())
 
-    def accepts(self, request: np.ndarray) -> bool:
+    def accepts(self, request: np.ndarray, options: np.ndarray | None = None) -> bool:
+        """options: gram ids of the option list the request spells out ("Options: a, b, c"), if any; a list
+        that does not name all of the skill's labels asks for another output space."""
+        if options is not None and len(options) and self.coverage(options) < 1.0:
+            return False
         c = self.coverage(request)
         return c >= 1.0 or c <= self.max_partial + 1e-6
 
@@ -131,6 +135,19 @@ class LabelModel:
             tensors["label_offsets"].numpy().astype(np.int64),
             float(tensors["label_max_partial"][0]),
         )
+
+
+# an explicit option list: a label-list word followed by a colon ("Option: a, b.", "one of these categories: …")
+_OPTIONS = re.compile(
+    r"\b(?:options?|labels?|categories|choices|answers|one of(?: these| the following)?(?: \w+)?)\s*(?:are)?\s*:([^\n]*)",
+    re.I,
+)
+
+
+def option_ids(text: str) -> np.ndarray:
+    """Gram ids of the option lists a request spells out (empty: none)."""
+    found = _OPTIONS.findall(text)
+    return gram_ids(" ; ".join(found)) if found else np.zeros(0, dtype=np.int64)
 
 
 def label_set(answers: Sequence[str], s: LabelSettings) -> list[str]:
@@ -187,12 +204,16 @@ class LabelIndex:
 
 
 def labels_accept_each(
-    request: np.ndarray, models: Sequence[LabelModel | None], index: LabelIndex | None = None
+    request: np.ndarray,
+    models: Sequence[LabelModel | None],
+    index: LabelIndex | None = None,
+    options: np.ndarray | None = None,
 ) -> np.ndarray:
     """Does one request pass each skill's label check (None: no label model, passes)? With an index, a
-    request that names some skill's whole label set must also name the checked skill's whole set."""
+    request that names some skill's whole label set must also name the checked skill's whole set; with
+    `options` (option_ids of the request), a spelled-out option list must name all of the skill's labels."""
     foreign = index is not None and index.named_in_full(request)
     return np.array(
-        [m is None or (m.accepts(request) and (not foreign or m.coverage(request) >= 1.0)) for m in models],
+        [m is None or (m.accepts(request, options) and (not foreign or m.coverage(request) >= 1.0)) for m in models],
         dtype=bool,
     )

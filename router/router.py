@@ -45,7 +45,7 @@ from .dtkr import split_groups
 from .embedder import Embedder
 from .formats import FormatModel, accepts_each
 from .keys import calibrate_threshold
-from .needs import FieldModel, LabelIndex, LabelModel, fields_accept_each, labels_accept_each, request_grams
+from .needs import FieldModel, LabelIndex, LabelModel, fields_accept_each, labels_accept_each, option_ids, request_grams
 from .prepare import skill_tensors
 from .sapt import SAPTState, TokenPooler
 from .types import (
@@ -261,7 +261,8 @@ class Router:
         """Everything routing needs from a batch of texts, computed in one batch."""
         pooled = self.pooler(texts) if self.settings.mode == "sapt" and self.pooler is not None else None
         grams = [request_grams(t) for t in texts] if self.settings.format.enabled else None
-        return Features(self.embedder.embed(texts), pooled, grams)
+        options = [option_ids(t) for t in texts] if self.settings.format.enabled else None
+        return Features(self.embedder.embed(texts), pooled, grams, options)
 
     def route(self, texts: Sequence[str], open_set: bool = True) -> list[Decision]:
         """One decision per text; all texts are embedded in one batch. open_set=False: see route_features."""
@@ -361,7 +362,8 @@ class Router:
             ):  # resembles some skill: drop the slots of skills whose prompt text it lacks
                 cands = list(dict.fromkeys(owners[sid] for sid in (*m_ids[i], *ids[i]) if sid >= 0))
                 ok = accepts_each(grams[i], [skills[c].fmt for c in cands])
-                ok &= labels_accept_each(grams[i], [skills[c].labels for c in cands], label_index)
+                opts = f.options[i] if f.options is not None else None
+                ok &= labels_accept_each(grams[i], [skills[c].labels for c in cands], label_index, opts)
                 ok &= fields_accept_each(grams[i], [skills[c].fields for c in cands], known_fields)
                 rejected = {c for c, good in zip(cands, ok) if not good}
                 keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and owners[sid] not in rejected]

@@ -76,16 +76,19 @@ class Features:
     emb: np.ndarray
     pooled: torch.Tensor | None = None
     grams: list[np.ndarray] | None = None
+    options: list[np.ndarray] | None = None  # gram ids of each request's spelled-out option list (router.needs)
 
     @classmethod
     def concat(cls, parts: Sequence[Features]) -> Features:
         """One batch from several (pooled and grams only when every part has them)."""
         pooled = [p.pooled for p in parts if p.pooled is not None]
         grams: list[np.ndarray] = [g for p in parts for g in (p.grams or [])]
+        options: list[np.ndarray] = [o for p in parts for o in (p.options or [])]
         return cls(
             np.concatenate([p.emb for p in parts]),
             torch.cat(pooled) if len(pooled) == len(parts) else None,
             grams if all(p.grams is not None for p in parts) else None,
+            options if all(p.options is not None for p in parts) else None,
         )
 
 
