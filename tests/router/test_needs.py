@@ -19,6 +19,7 @@ from skillpool.router.needs import (
     fit_fields,
     fit_labels,
     label_set,
+    option_ids,
     request_grams,
 )
 from tests.conftest import REPO, dataset_dir, read_task
@@ -61,6 +62,18 @@ def test_a_request_naming_part_of_the_label_set_asks_for_another_task() -> None:
     assert model.accepts(gram_ids(own)) and model.accepts(gram_ids("sentence 1: a\nsentence 2: b"))
     restored = LabelModel.from_tensors(model.tensors())
     assert restored is not None and restored.accepts(gram_ids(own)) and not restored.accepts(gram_ids(rte))
+
+
+def test_a_spelled_out_option_list_must_name_all_of_the_skills_labels() -> None:
+    agnews = read_task("long_sequence", "agnews", "train", 200)
+    model = fit_labels([e["answer"] for e in agnews], [e["route_input"] for e in agnews], LabelSettings())
+    assert model is not None
+    dbpedia = read_task("long_sequence", "dbpedia", "test", 20)  # same fields, its own option list
+    assert not any(model.accepts(gram_ids(e["route_text"]), option_ids(e["route_text"])) for e in dbpedia)
+    own = [e["route_text"] for e in read_task("long_sequence", "agnews", "test", 20)] + _paraphrased("agnews", 12)
+    assert all(model.accepts(gram_ids(t), option_ids(t)) for t in own)
+    assert not len(option_ids("It is one of the best films: great acting, bad plot."))  # prose, not a list
+    assert not len(option_ids(agnews[0]["route_input"]))  # input only: no option list
 
 
 def test_field_ids_are_line_initial_names_apart_from_word_grams() -> None:
