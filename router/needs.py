@@ -17,6 +17,7 @@ label model) load and are gated as they were.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -118,6 +119,10 @@ class LabelModel:
         c = self.coverage(request)
         return c >= 1.0 or c <= self.max_partial + 1e-6
 
+    def label_keys(self) -> frozenset[bytes]:
+        """The label set as comparable keys (each label's gram ids)."""
+        return frozenset(self.grams[a:b].tobytes() for a, b in itertools.pairwise(self.offsets))
+
     def tensors(self) -> dict[str, torch.Tensor]:
         return {
             "label_grams": torch.from_numpy(self.grams.astype(np.int64)),
@@ -192,15 +197,16 @@ class LabelIndex:
         self._owner = (
             np.concatenate([np.full(len(m.offsets) - 1, i) for i, (_, m) in enumerate(kept)]) if kept else lengths
         )
+        self._keys = [m.label_keys() for _, m in kept]
 
-    def named_in_full(self, request: np.ndarray) -> bool:
-        """Does the request name every label of at least one indexed skill?"""
+    def named_in_full(self, request: np.ndarray) -> list[frozenset[bytes]]:
+        """The label sets (label_keys) of the indexed skills whose every label the request names."""
         if not len(self._names) or not len(request):
-            return False
+            return []
         present = request[np.minimum(np.searchsorted(request, self._grams), len(request) - 1)] == self._grams
         named = np.add.reduceat(present.astype(np.int64), self._starts) == self._lengths
         missing = np.bincount(self._owner[~named], minlength=len(self._names))
-        return bool((missing == 0).any())
+        return [self._keys[i] for i in np.flatnonzero(missing == 0)]
 
 
 def labels_accept_each(
@@ -210,10 +216,18 @@ def labels_accept_each(
     options: np.ndarray | None = None,
 ) -> np.ndarray:
     """Does one request pass each skill's label check (None: no label model, passes)? With an index, a
-    request that names some skill's whole label set must also name the checked skill's whole set; with
+    request that names some skill's whole label set must also name the checked skill's whole set, and a
+    skill whose set is a strict subset of a named one (rte's two of mnli's three) is not asked for; with
     `options` (option_ids of the request), a spelled-out option list must name all of the skill's labels."""
-    foreign = index is not None and index.named_in_full(request)
+    named = index.named_in_full(request) if index is not None else []
+
+    def ok(m: LabelModel) -> bool:
+        if not m.accepts(request, options) or (named and m.coverage(request) < 1.0):
+            return False
+        own = m.label_keys()  # a set the request names in full that strictly contains this skill's: a wider task
+        return not any(own < other for other in named)
+
     return np.array(
-        [m is None or (m.accepts(request, options) and (not foreign or m.coverage(request) >= 1.0)) for m in models],
+        [m is None or ok(m) for m in models],
         dtype=bool,
     )

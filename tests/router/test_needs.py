@@ -12,6 +12,7 @@ from skillpool.router.evaluation import task_text
 from skillpool.router.formats import gram_ids
 from skillpool.router.needs import (
     FieldModel,
+    LabelIndex,
     LabelModel,
     LabelSettings,
     field_ids,
@@ -19,6 +20,7 @@ from skillpool.router.needs import (
     fit_fields,
     fit_labels,
     label_set,
+    labels_accept_each,
     option_ids,
     request_grams,
 )
@@ -62,6 +64,21 @@ def test_a_request_naming_part_of_the_label_set_asks_for_another_task() -> None:
     assert model.accepts(gram_ids(own)) and model.accepts(gram_ids("sentence 1: a\nsentence 2: b"))
     restored = LabelModel.from_tensors(model.tensors())
     assert restored is not None and restored.accepts(gram_ids(own)) and not restored.accepts(gram_ids(rte))
+
+
+def test_a_request_naming_a_wider_label_set_is_not_for_a_skill_with_a_subset() -> None:
+    models: dict[str, LabelModel] = {}
+    for task in ("mnli", "rte"):
+        ex = read_task("long_sequence", task, "train", 200)
+        m = fit_labels([e["answer"] for e in ex], [e["route_input"] for e in ex], LabelSettings())
+        assert m is not None
+        models[task] = m
+    index = LabelIndex(models)  # rte's two labels never occur in its inputs by chance: indexed too
+    both = [models["mnli"], models["rte"]]
+    mnli = [request_grams(t) for t in _paraphrased("mnli", 12)]
+    rte = [request_grams(t) for t in _paraphrased("rte", 12)]
+    assert all(list(labels_accept_each(r, both, index)) == [True, False] for r in mnli)
+    assert all(list(labels_accept_each(r, both, index)) == [False, True] for r in rte)
 
 
 def test_a_spelled_out_option_list_must_name_all_of_the_skills_labels() -> None:
