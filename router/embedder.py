@@ -60,27 +60,40 @@ class SentenceEmbedder:
 
 
 class CachedEmbedder:
-    """An embedder that keeps each batch's vectors on disk, keyed by the model and the exact texts.
+    """An embedder that keeps each text's vector on disk, keyed by the model and the exact text.
 
     `skillpool eval routing` re-embeds thousands of long benchmark inputs per run (minutes on a CPU);
-    with a cache, re-running with other router settings costs only the routing.
+    with a cache, re-running with other router settings costs only the routing. Keyed per text, not
+    per batch: the text modes (with instruction, paraphrased, input only) share most of their texts.
     """
 
     def __init__(self, inner: Embedder, folder: Path) -> None:
         self.inner, self.folder, self.dim, self.model_id = inner, folder, inner.dim, inner.model_id
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def _path(self, text: str) -> Path:
         import hashlib
 
-        digest = hashlib.sha256("\x00".join([self.model_id, *texts]).encode()).hexdigest()[:32]
-        path = self.folder / f"{digest}.npy"
-        if path.is_file():
-            vecs = np.load(path)
-            if vecs.shape == (len(texts), self.dim):
-                return vecs
-        vecs = self.inner.embed(texts)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-        np.save(tmp, vecs)
-        tmp.replace(path)
-        return vecs
+        digest = hashlib.sha256(f"{self.model_id}\x00{text}".encode()).hexdigest()[:32]
+        return self.folder / digest[:2] / f"{digest}.npy"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        missing: dict[str, list[int]] = {}
+        for i, t in enumerate(texts):
+            path = self._path(t)
+            vec = np.load(path) if path.is_file() else None
+            if vec is not None and vec.shape == (self.dim,):
+                out[i] = vec
+            else:
+                missing.setdefault(t, []).append(i)
+        if missing:
+            todo = list(missing)
+            vecs = self.inner.embed(todo)
+            for t, vec in zip(todo, vecs):
+                out[missing[t]] = vec
+                path = self._path(t)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+                np.save(tmp, vec)
+                tmp.replace(path)
+        return out

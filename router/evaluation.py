@@ -23,6 +23,9 @@ import torch
 from .embedder import CachedEmbedder, Embedder, SentenceEmbedder
 from .router import MODES, Decision, Features, Router, RouterSettings
 from .sapt import POOLS, SAPTSettings, TokenPooler
+from .texts import route_text
+
+TEXT_MODES = ("with-instruction", "input-only", "system-message")
 
 
 @dataclass
@@ -30,33 +33,78 @@ class Task:
     name: str
     train: list[str]
     test: list[str]
+    train_inputs: list[str] | None = None  # the input part of each training row (no instruction)
+    train_answers: list[str] | None = None
 
 
-def task_text(row: dict[str, Any], mode: str) -> str:
+def task_text(row: dict[str, Any], mode: str, instruction: str | None = None) -> str:
+    """The routed text of a benchmark row: instruction + input as one user turn (`with-instruction`), the
+    instruction as a system message (`system-message`, joined by the server's own route_text), or the
+    input alone. `instruction` replaces the row's own; a '{input}' in it marks where the input goes."""
+    inp = str(row.get("input", ""))
     if mode == "input-only":
-        return str(row.get("input") or row.get("instruction", ""))
-    return "\n".join(p for p in (row.get("instruction", ""), row.get("input", "")) if p)
+        return inp or str(row.get("instruction", ""))
+    instr = str(row.get("instruction", "")) if instruction is None else instruction
+    if mode == "system-message":
+        system = instr.replace("{input}", "").strip()
+        return route_text([{"role": "system", "content": system}, {"role": "user", "content": inp}])
+    if "{input}" in instr:
+        return instr.replace("{input}", inp)
+    return "\n".join(p for p in (instr, inp) if p)
 
 
-def load_task(folder: Path, mode: str, train_limit: int | None, test_limit: int | None) -> Task:
-    def read(split: str, limit: int | None) -> list[str]:
+def load_paraphrases(path: Path) -> dict[str, list[str]]:
+    """{task folder name: [instruction paraphrases]} (keys starting with '_' are comments)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--instructions {path}: cannot read a JSON object ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"--instructions {path}: expected an object of task name -> list of instructions")
+    out = {k: v for k, v in data.items() if not k.startswith("_")}
+    for k, v in out.items():
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() for x in v):
+            raise ValueError(f"--instructions {path}: {k!r} must be a non-empty list of non-empty strings")
+    return out
+
+
+def load_task(
+    folder: Path,
+    mode: str,
+    train_limit: int | None,
+    test_limit: int | None,
+    paraphrases: list[str] | None = None,
+) -> Task:
+    """Training texts always carry the row's own instruction (what the skill was uploaded with); test
+    rows get paraphrase i mod n when paraphrases are given (deterministic, every paraphrase used)."""
+    if mode not in TEXT_MODES:
+        raise ValueError(f"text mode must be one of {', '.join(TEXT_MODES)}, got {mode!r}")
+
+    def read(split: str, limit: int | None) -> list[dict[str, Any]]:
         path = folder / f"{split}.jsonl"
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found (a task folder holds train.jsonl and test.jsonl)")
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-        return [task_text(r, mode) for r in rows[:limit]]
+        return rows[:limit]
 
-    return Task(folder.name, read("train", train_limit), read("test", test_limit))
+    train, test = read("train", train_limit), read("test", test_limit)
+    train_mode = "input-only" if mode == "input-only" else "with-instruction"
+    return Task(
+        folder.name,
+        [task_text(r, train_mode) for r in train],
+        [task_text(r, mode, paraphrases[i % len(paraphrases)] if paraphrases else None) for i, r in enumerate(test)],
+        [str(r.get("input") or r.get("instruction", "")) for r in train],
+        [str(r.get("output", "")) for r in train],
+    )
 
 
 def _top(d: Decision) -> str:
     return d.route[0][0] if d.route else "base"
 
 
-def _learn(
-    router: Router, name: str, texts: list[str], train: Features, replay: dict[str, torch.Tensor], held_fraction: float
-) -> None:
-    tensors = router.prepare_keys_from_embeddings(train.emb, texts)
+def _learn(router: Router, task: Task, train: Features, replay: dict[str, torch.Tensor], held_fraction: float) -> None:
+    name = task.name
+    tensors = router.prepare_keys_from_embeddings(train.emb, task.train, task.train_inputs, task.train_answers)
     attention = None
     if router.settings.mode == "sapt":
         assert train.pooled is not None
@@ -76,7 +124,7 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
     final_decisions: dict[str, list[Decision]] = {}
     for i, task in enumerate(tasks):
         t0 = time.perf_counter()
-        _learn(router, task.name, task.train, f_train[task.name], replay, held_fraction=0.1)
+        _learn(router, task, f_train[task.name], replay, held_fraction=0.1)
         prep_s = time.perf_counter() - t0
         pooled = f_train[task.name].pooled
         if pooled is not None:  # what the trainer stores for later attentive reflection
@@ -219,7 +267,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="task folders (train.jsonl + test.jsonl), learned in this order",
     )
     p.add_argument("--router", choices=MODES, default=d.mode)
-    p.add_argument("--text", choices=("with-instruction", "input-only"), default="with-instruction")
+    p.add_argument(
+        "--text",
+        choices=TEXT_MODES,
+        default="with-instruction",
+        help="test prompts: instruction + input in one user turn, the instruction as a system message, or the input",
+    )
+    p.add_argument(
+        "--instructions",
+        type=Path,
+        default=None,
+        help="JSON {task: [instruction paraphrases]}: replaces each test row's instruction (training keeps its own)",
+    )
     p.add_argument("--train-limit", type=int, default=300)
     p.add_argument("--test-limit", type=int, default=None, help="default: all test inputs")
     p.add_argument("--json", type=Path, required=True, help="write the results here")
@@ -250,6 +309,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--format-margin", type=float, default=d.format.margin, help="nats below the skill's held-out percentile"
     )
     p.add_argument("--format-percentile", type=float, default=d.format.percentile)
+    p.add_argument(
+        "--format-source",
+        choices=("inputs", "prompts"),
+        default=d.format.source,
+        help="fit the format gate on the inputs without instruction (fields) or on whole training prompts",
+    )
+    p.add_argument(
+        "--labels",
+        choices=("on", "off"),
+        default="on" if d.labels.enabled else "off",
+        help="gate on the skill's label set: a request naming some of its labels but not all falls back",
+    )
+    p.add_argument(
+        "--augment-inputs",
+        choices=("on", "off"),
+        default="on" if d.augment_inputs else "off",
+        help="keys and thresholds also learn each training input without its instruction",
+    )
     p.add_argument("--replay-fraction", type=float, default=0.02, help="sapt: replay sample kept per task")
     p.add_argument("--sapt-steps", type=int, default=d.sapt.steps)
     p.add_argument("--sapt-lambda", type=float, default=d.sapt.arm_lambda, help="weight of attentive reflection")
@@ -284,9 +361,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             min_df=args.format_min_df,
             margin=args.format_margin,
             percentile=args.format_percentile,
+            source=args.format_source,
         ),
+        labels=replace(d.labels, enabled=args.labels == "on"),
+        augment_inputs=args.augment_inputs == "on",
     )
-    tasks = [load_task(f, args.text, args.train_limit, args.test_limit) for f in args.tasks]
+    para = load_paraphrases(args.instructions) if args.instructions else {}
+    if para and args.text == "input-only":
+        raise ValueError("--instructions replaces the instruction, which --text input-only leaves out")
+    missing = [f.name for f in args.tasks if para and f.name not in para]
+    if missing:
+        raise ValueError(f"--instructions {args.instructions} has no paraphrases for {', '.join(missing)}")
+    tasks = [load_task(f, args.text, args.train_limit, args.test_limit, para.get(f.name)) for f in args.tasks]
     pooler = None
     if args.router == "sapt":
         from skillpool.adapters_store.base_model import resolve_base_model
@@ -302,6 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["config"] = {
         "router": args.router,
         "text": args.text,
+        "instructions": str(args.instructions) if args.instructions else None,
         "train_limit": args.train_limit,
         "test_limit": args.test_limit,
         "tasks": [t.name for t in tasks],

@@ -42,12 +42,21 @@ class FormatSettings:
     folds: int = 5
     min_inputs: int = 20  # fewer inputs: presence rates are too coarse to model, no gate
     candidates: int = 32  # a request's top slots whose owners are checked (bounded cost with 1,000 skills)
+    # inputs: fitted on the skill's inputs without the instruction (field names: what a paraphrase keeps);
+    # prompts: on whole training prompts, instruction included (only the uploaded wording passes)
+    source: str = "inputs"
+    # min_df for the inputs fit: only near-universal grams (the fields). Free text makes common words ("the",
+    # ".") frequent; at 0.5 they set a threshold so low that amazon's gate let yelp's reviews without "Title:"
+    # pass (120 amazon inputs: 23 grams, threshold -13.9 nats; at 0.95: 8 grams, -5.4, yelp -11.0)
+    input_min_df: float = 0.95
 
     def __post_init__(self) -> None:
         if not 0 < self.min_df <= 1:
             raise ValueError(f"format min_df must be in (0, 1], got {self.min_df}")
         if self.max_grams < 1 or self.folds < 2 or self.candidates < 1:
             raise ValueError("format max_grams and candidates must be >= 1, folds >= 2")
+        if self.source not in ("inputs", "prompts"):
+            raise ValueError(f"format source must be inputs or prompts, got {self.source!r}")
 
 
 def gram_ids(text: str) -> np.ndarray:

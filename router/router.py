@@ -33,119 +33,35 @@ remaining slots.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
 import torch
 
-from .dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
+from .demand import FallbackClusters
+from .dtkr import split_groups
 from .embedder import Embedder
-from .formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
-from .keys import calibrate_threshold, centroid_keys, held_out_best
-from .sapt import SAPTSettings, SAPTState, TokenPooler
+from .formats import FormatModel, accepts_each
+from .keys import calibrate_threshold
+from .needs import FieldModel, LabelIndex, LabelModel, fields_accept_each, labels_accept_each, option_ids, request_grams
+from .prepare import skill_tensors
+from .sapt import SAPTState, TokenPooler
+from .types import (
+    CENTROID,
+    DTKR,
+    MODES,
+    Decision,
+    Features,
+    RouterSettings,
+    _flat_groups,
+    _rows,
+    _SkillKeys,
+    whitening,
+)
 
-MODES = ("dtkr", "sapt", "centroid")
-CENTROID, DTKR = "centroid_keys", "dtkr_keys"
-
-
-@dataclass(frozen=True)
-class RouterSettings:
-    mode: str = "dtkr"
-    n_keys: int = 8  # K: key slots per skill
-    top_k: int = 8  # slots retrieved per request (over all skills)
-    temperature: float = 0.02  # softmax temperature over slot scores (whitened cosines are small: 0.05 mixed too flat)
-    min_weight: float = 0.05  # skills below this share are dropped and the rest renormalized
-    threshold_percentile: float = 2.0  # of the skill's own inputs' best score ...
-    threshold_margin: float = 0.05  # ... minus this margin
-    calibration_folds: int = 5  # those scores come from keys fitted on the other folds (not in-sample)
-    calibration_inputs: int = 64  # dtkr: input embeddings kept per skill to re-derive its whitened threshold
-    white_threshold_percentile: float = 1.0  # of those inputs' best whitened score (in-sample: the keys saw
-    # them, hence the wider margin than the held-out raw thresholds). 0.15, not 0.1: 12 Long Sequence tasks input
-    # only, 1.3% of seen-task requests fell back instead of 2.5%; with the instruction the unseen tasks' fallback
-    # stayed 97% (the format gate turns those away), top-1 rose 99.0 → 99.4%
-    white_threshold_margin: float = 0.15
-    white_gate_min_inputs: int = 256  # fewer inputs: K keys fit the sample too closely to calibrate on it
-    whiten: bool = True  # dtkr: score in the space whitened by the pooled within-skill covariance
-    # Σ ← (1-λ) Σ + λ tr(Σ)/d I keeps W stable with few skills or samples; None: λ = d / (d + inputs seen)
-    whiten_shrinkage: float | None = None
-    dtkr: DTKRSettings = field(default_factory=DTKRSettings)
-    sapt: SAPTSettings = field(default_factory=SAPTSettings)
-    format: FormatSettings = field(default_factory=FormatSettings)
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"router mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.whiten_shrinkage is not None and not 0 <= self.whiten_shrinkage <= 1:
-            raise ValueError(f"whiten_shrinkage must be in [0, 1], got {self.whiten_shrinkage}")
-
-
-@dataclass(frozen=True)
-class Decision:
-    route: list[tuple[str, float]]
-    reason: str  # matched | forced | base | below_threshold | format_mismatch | no_skills
-    score: float = 0.0  # best slot score of the request
-
-    @property
-    def confidence(self) -> float:
-        return self.route[0][1] if self.route else 0.0
-
-    def header(self) -> str:
-        return ",".join(f"{s}={w:.2f}" for s, w in self.route) if self.route else "base"
-
-
-@dataclass(frozen=True)
-class Features:
-    """What a batch of requests is routed on: sentence embeddings, pooled token embeddings for sapt, and
-    each request's word-gram hashes for the format gate (None: not format-gated)."""
-
-    emb: np.ndarray
-    pooled: torch.Tensor | None = None
-    grams: list[np.ndarray] | None = None
-
-    @classmethod
-    def concat(cls, parts: Sequence[Features]) -> Features:
-        """One batch from several (pooled and grams only when every part has them)."""
-        pooled = [p.pooled for p in parts if p.pooled is not None]
-        grams: list[np.ndarray] = [g for p in parts for g in (p.grams or [])]
-        return cls(
-            np.concatenate([p.emb for p in parts]),
-            torch.cat(pooled) if len(pooled) == len(parts) else None,
-            grams if all(p.grams is not None for p in parts) else None,
-        )
-
-
-@dataclass
-class _SkillKeys:
-    vectors: np.ndarray  # (K, D) unit rows in the gate's search space
-    threshold: float
-    raw: np.ndarray | None = None  # (K, D) dtkr keys before whitening
-    cov: torch.Tensor | None = None  # (D, D) covariance of the skill's input embeddings
-    count: int = 0  # how many inputs that covariance was measured on
-    calib: np.ndarray | None = None  # (n, D) a sample of the skill's input embeddings (whitened gate)
-    fmt: FormatModel | None = None  # the skill's format model (None: stored without one, not format-gated)
-
-
-def whitening(cov: np.ndarray, shrinkage: float) -> np.ndarray:
-    """W = Σ^-½ of the shrunk covariance (symmetric, so queries and keys map the same way)."""
-    d = cov.shape[0]
-    s = (1 - shrinkage) * cov + shrinkage * np.trace(cov) / d * np.eye(d)
-    w, v = np.linalg.eigh(s)
-    return ((v / np.sqrt(np.maximum(w, 1e-12))) @ v.T).astype(np.float32)
-
-
-def _rows(x: torch.Tensor) -> np.ndarray:
-    return np.ascontiguousarray(x.numpy(), dtype=np.float32)
-
-
-def _flat_groups(sub: torch.Tensor) -> np.ndarray:
-    """(n, G, d/G) unit chunks → (n, d) rows scaled by 1/sqrt(G).
-
-    Both sides scaled so: <flat(q), flat(k)> = mean_g cos(q_g, k_g), and one inner-product search
-    over these rows is the exact DTKR slot score.
-    """
-    return _rows(sub.reshape(len(sub), -1) / np.sqrt(sub.shape[1]))
+__all__ = ["CENTROID", "DTKR", "MODES", "Decision", "Features", "Router", "RouterSettings", "whitening"]
 
 
 @dataclass
@@ -168,43 +84,38 @@ class Router:
         self._sapt_attention: dict[str, dict[str, float]] = {}
         self._sapt: SAPTState | None = None
         self._lock = threading.RLock()
+        self.demand = FallbackClusters(self.settings.demand)
         self._rebuild()
 
     # --- keys ---------------------------------------------------------------------------------
-    def prepare_keys(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """A skill's router tensors from its training inputs: keys and thresholds for every mode."""
-        return self.prepare_keys_from_embeddings(self.embedder.embed(texts), texts)
+    def prepare_keys(
+        self,
+        texts: Sequence[str],
+        inputs: Sequence[str] | None = None,
+        answers: Sequence[str] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """A skill's router tensors from its training prompts: keys and thresholds for every mode.
+
+        inputs: each prompt without its instruction (instruction rows: `input`; chat: the last user turn);
+        answers: the training answers. With them the format gate asks for what the skill needs (input
+        fields, label set, router.needs) instead of its instruction's words."""
+        return self.prepare_keys_from_embeddings(self.embedder.embed(texts), texts, inputs, answers)
 
     def prepare_keys_from_embeddings(
-        self, emb: np.ndarray, texts: Sequence[str] | None = None
+        self,
+        emb: np.ndarray,
+        texts: Sequence[str] | None = None,
+        inputs: Sequence[str] | None = None,
+        answers: Sequence[str] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """As prepare_keys, from the inputs' embeddings; without the texts the skill gets no format model."""
-        s = self.settings
-        fit_c: Callable[[np.ndarray], np.ndarray] = lambda x: centroid_keys(x, s.n_keys)  # noqa: E731
-        fit_d: Callable[[np.ndarray], torch.Tensor] = lambda x: train_dtkr_keys(x, s.n_keys, s.dtkr)  # noqa: E731
-        cent, dtkr = fit_c(emb), fit_d(emb)
-        best_c = held_out_best(emb, fit_c, lambda x, k: (x @ k.T).max(axis=1), s.calibration_folds)
-        best_d = held_out_best(
-            emb, fit_d, lambda x, k: slot_scores(x, k, s.dtkr.groups).max(axis=1), s.calibration_folds
-        )
-        thr_c = calibrate_threshold(best_c, s.threshold_percentile, s.threshold_margin)
-        thr_d = calibrate_threshold(best_d, s.threshold_percentile, s.threshold_margin)
-        cov = np.cov(emb.T) if len(emb) > 1 else np.zeros((emb.shape[1], emb.shape[1]))
-        fmt = fit_format(texts, s.format).tensors() if texts is not None else {}
-        return (
-            fmt
-            | {
-                CENTROID: torch.from_numpy(cent),
-                DTKR: dtkr,
-                "input_cov": torch.from_numpy(cov.astype(np.float32)).half(),  # for the pooled whitening
-                "input_count": torch.tensor([len(emb)]),
-                "calibration_inputs": torch.from_numpy(
-                    emb[np.random.default_rng(0).permutation(len(emb))[: s.calibration_inputs]]
-                ).half(),
-                "threshold": torch.tensor([thr_c], dtype=torch.float32),  # centroid mode
-                "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
-            }
-        )
+        """As prepare_keys, from the prompts' embeddings; without the texts the skill gets no format model."""
+        if inputs is not None and (texts is None or len(inputs) != len(texts) or len(texts) != len(emb)):
+            raise ValueError("inputs need the texts, one input per text and per embedding")
+        bare = [i for i, (t, x) in enumerate(zip(texts or [], inputs or [])) if x.strip() and x != t]
+        if self.settings.augment_inputs and bare:
+            assert inputs is not None
+            emb = np.concatenate([emb, self.embedder.embed([inputs[i] for i in bare])])
+        return skill_tensors(emb, texts, inputs, answers, self.settings)
 
     def prepare_sapt(
         self, name: str, train: Sequence[str], held: Sequence[str], replay: Mapping[str, Sequence[str]]
@@ -239,9 +150,12 @@ class Router:
 
     def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
         """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
-        fmt = FormatModel.from_tensors(tensors)
+        fmt, labels = FormatModel.from_tensors(tensors), LabelModel.from_tensors(tensors)
+        fields = FieldModel.from_tensors(tensors)
         if self.settings.mode in ("centroid", "sapt"):
-            return _SkillKeys(_rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt)
+            return _SkillKeys(
+                _rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt, labels=labels, fields=fields
+            )
         g = self.settings.dtkr.groups
         if DTKR in tensors:
             sub, thr = tensors[DTKR].float(), float(tensors["threshold_dtkr"][0])
@@ -252,7 +166,9 @@ class Router:
         cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
         count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
         calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
-        return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt)
+        return _SkillKeys(
+            _flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt, labels, fields
+        )
 
     @property
     def _whitened(self) -> bool:
@@ -334,20 +250,56 @@ class Router:
                     white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_threshold_margin)
         self._index, self._mix_index, self._white, self._owners = index, mix_index, white, owners
         self._white_thr = white_thr
+        lab = {n: sk.labels for n, sk in self._skills.items() if sk.labels is not None}
+        self._labels = LabelIndex(lab, self.settings.labels.min_foreign) if self.settings.labels.min_foreign else None
+        typical = [sk.fields.typical for sk in self._skills.values() if sk.fields is not None]
+        self._known_fields = np.unique(np.concatenate(typical)) if typical else np.zeros(0, np.int64)
         self._dirty = False
 
     # --- routing ------------------------------------------------------------------------------
     def features(self, texts: Sequence[str]) -> Features:
         """Everything routing needs from a batch of texts, computed in one batch."""
         pooled = self.pooler(texts) if self.settings.mode == "sapt" and self.pooler is not None else None
-        grams = [gram_ids(t) for t in texts] if self.settings.format.enabled else None
-        return Features(self.embedder.embed(texts), pooled, grams)
+        grams = [request_grams(t) for t in texts] if self.settings.format.enabled else None
+        options = [option_ids(t) for t in texts] if self.settings.format.enabled else None
+        return Features(self.embedder.embed(texts), pooled, grams, options)
 
     def route(self, texts: Sequence[str], open_set: bool = True) -> list[Decision]:
         """One decision per text; all texts are embedded in one batch. open_set=False: see route_features."""
         if not texts:
             return []
         return self.route_features(self.features(texts), open_set)
+
+    def route_traffic(self, texts: Sequence[str]) -> list[Decision]:
+        """route() for live requests: the ones that fall back feed the demand clusters (self.demand)."""
+        if not texts:
+            return []
+        f = self.features(texts)
+        ds = self.route_features(f)
+        fell = [i for i, d in enumerate(ds) if not d.route and d.reason != "no_skills"]
+        if fell:
+            self.demand.add(f.emb[fell], [texts[i] for i in fell])
+        return ds
+
+    def nearest_skills(self, emb: np.ndarray, n: int = 3) -> list[list[tuple[str, float]]]:
+        """The n skills whose keys are nearest to each embedding, with their best raw key score."""
+        with self._lock:
+            if self._dirty:
+                self._rebuild()
+            index, owners = self._index, self._owners
+        if not owners or not len(emb):
+            return [[] for _ in range(len(emb))]
+        scores, ids = index.search(self._query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), len(owners))
+        out = []
+        for sc, ix in zip(scores, ids):
+            best: dict[str, float] = {}
+            for v, j in zip(sc, ix):
+                if j >= 0 and owners[j] not in best:
+                    best[owners[j]] = float(v)
+                if len(best) >= n:
+                    break
+            out.append(list(best.items()))
+        return out
 
     def route_embeddings(self, emb: np.ndarray, pooled: torch.Tensor | None = None) -> list[Decision]:
         """Route precomputed embeddings; without the texts there is no format gate."""
@@ -367,7 +319,7 @@ class Router:
                 self._owners,
                 dict(self._skills),
             )
-            white_thr = self._white_thr
+            white_thr, label_index, known_fields = self._white_thr, self._labels, self._known_fields
         n = len(f.emb)
         if not owners:
             return [Decision(route=[], reason="no_skills") for _ in range(n)]
@@ -409,7 +361,11 @@ class Router:
                 grams is not None and best >= threshold
             ):  # resembles some skill: drop the slots of skills whose prompt text it lacks
                 cands = list(dict.fromkeys(owners[sid] for sid in (*m_ids[i], *ids[i]) if sid >= 0))
-                rejected = {c for c, ok in zip(cands, accepts_each(grams[i], [skills[c].fmt for c in cands])) if not ok}
+                ok = accepts_each(grams[i], [skills[c].fmt for c in cands])
+                opts = f.options[i] if f.options is not None else None
+                ok &= labels_accept_each(grams[i], [skills[c].labels for c in cands], label_index, opts)
+                ok &= fields_accept_each(grams[i], [skills[c].fields for c in cands], known_fields)
+                rejected = {c for c, good in zip(cands, ok) if not good}
                 keep = [j for j, sid in enumerate(m_ids[i]) if sid >= 0 and owners[sid] not in rejected]
                 raw = [j for j, sid in enumerate(ids[i]) if sid >= 0 and owners[sid] not in rejected]
                 if not keep or not raw:

@@ -22,6 +22,7 @@ from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, m
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
 from skillpool.trainer.jobs import Job, JobQueue, new_job_id
 
+from .admin_api import install_admin
 from .chat_api import install_chat
 from .config import ServerConfig
 from .engines import Engine
@@ -57,6 +58,7 @@ def create_app(c: Components) -> FastAPI:
     app = FastAPI(title="skillpool", version="0.1.0")
     app.state.components = c
     install_handlers(app)
+    install_admin(app, c.router, c.metrics)
     m = c.metrics
 
     app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=m)

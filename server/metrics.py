@@ -69,6 +69,16 @@ class Metrics:
             ["skill"],
             registry=r,
         )
+        self.fallback_clusters = Gauge(
+            "skillpool_fallback_clusters",
+            "Live clusters of recent requests that fell back to the base model",
+            registry=r,
+        )
+        self.fallback_largest_cluster = Gauge(
+            "skillpool_fallback_largest_cluster",
+            "Recent (decayed, half-life 1 h) size of the largest fallback cluster: demand no skill serves",
+            registry=r,
+        )
         self.skill_eval = Gauge(
             "skillpool_skill_eval_score",
             "Held-out score of each skill at training time",

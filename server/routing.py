@@ -95,7 +95,8 @@ class RoutingStage:
                 continue
             t0 = time.perf_counter()
             try:
-                decisions = self.router.route([it.text for it in batch])
+                # route_traffic: requests that fall back also feed the demand clusters (router.demand)
+                decisions = self.router.route_traffic([it.text for it in batch])
             except Exception as e:  # fail this batch's requests, keep routing
                 log.exception("routing failed")
                 for it in batch:

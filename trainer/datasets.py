@@ -4,7 +4,9 @@ Two formats are accepted, one per line (they may not be mixed silently: each lin
   OpenAI chat fine-tuning:  {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
                             (the last message is the assistant answer that is learned)
   instruction:              {"instruction": str, "input": str, "output": str}
-Every example is normalized to {"messages": prompt messages, "answer": str, "route_text": str}.
+Every example is normalized to {"messages": prompt messages, "answer": str, "route_text": str, "route_input": str}:
+route_text is what the router sees, route_input the same without the instruction (the router's format gate
+and keys use it to follow paraphrased instructions).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from skillpool.router.texts import route_text
+
+__all__ = ["DatasetError", "Example", "LineError", "parse_jsonl", "route_text"]
 
 ROLES = frozenset({"system", "developer", "user", "assistant"})
 MAX_REPORTED_ERRORS = 50
@@ -39,13 +45,6 @@ class DatasetError(ValueError):
 
 
 Example = dict[str, Any]
-
-
-def route_text(messages: list[dict[str, str]]) -> str:
-    """What the router sees: the system prompt(s) plus the last user turn (same at train and serve time)."""
-    system = [m["content"] for m in messages if m["role"] in ("system", "developer")]
-    users = [m["content"] for m in messages if m["role"] == "user"]
-    return "\n".join([*system, *users[-1:]])
 
 
 def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError]) -> Example | None:
@@ -76,7 +75,13 @@ def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError]) -> Exa
     if not any(m["role"] == "user" and m["content"].strip() for m in prompt):
         errs.append(LineError(line, "messages", "needs a non-empty user message before the assistant answer"))
         return None
-    return {"messages": prompt, "answer": clean[-1]["content"], "route_text": route_text(prompt)}
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return {
+        "messages": prompt,
+        "answer": clean[-1]["content"],
+        "route_text": route_text(prompt),
+        "route_input": users[-1],  # the routed text without the system prompt (the instruction, if any)
+    }
 
 
 def _from_instruction(obj: dict[str, Any], line: int, errs: list[LineError]) -> Example | None:
@@ -93,7 +98,7 @@ def _from_instruction(obj: dict[str, Any], line: int, errs: list[LineError]) -> 
         return None
     user = "\n".join(p for p in (instruction, inp) if p)
     prompt = [{"role": "user", "content": user}]
-    return {"messages": prompt, "answer": output, "route_text": route_text(prompt)}
+    return {"messages": prompt, "answer": output, "route_text": route_text(prompt), "route_input": inp or instruction}
 
 
 def parse_jsonl(data: bytes, min_examples: int = 1, max_examples: int | None = None) -> list[Example]:

@@ -107,7 +107,9 @@ class SkillTrainer:
         if self.sync_router:
             self._sync_router()
         train_texts = [e["route_text"] for e in train]
-        router_tensors = self.router.prepare_keys(train_texts)
+        router_tensors = self.router.prepare_keys(  # inputs and answers: gate on fields and labels, not wording
+            train_texts, [str(e.get("route_input", e["route_text"])) for e in train], [str(e["answer"]) for e in train]
+        )
         router_meta: dict[str, Any] = {
             "mode": self.router.settings.mode,
             "threshold": float(router_tensors["threshold"][0]),

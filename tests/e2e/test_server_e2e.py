@@ -112,6 +112,43 @@ def test_upload_learn_route_and_beat_the_base_model(server: ServerProcess, clien
     assert acc_auto >= acc_base + 0.2
 
 
+def test_requests_phrased_differently_route_to_the_skill(server: ServerProcess, client) -> None:  # type: ignore[no-untyped-def]
+    """The skill was uploaded with Long Sequence's own instruction; users word it their own way, in the user
+    turn or in a system message, in a multi-turn chat. (Runs after the upload test: same module server.)"""
+    import concurrent.futures as cf
+
+    ask_user = (
+        "Classify this news article into one of these categories: World, Sports, Business, Science or Technology."
+    )
+    ask_system = "You sort news for a newspaper. Reply with one label: Sports, World, Science or Technology, Business."
+    test = agnews("test", 20)
+
+    def header(messages: list[dict[str, str]]) -> str:
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", messages=messages, temperature=0, max_tokens=4
+        )
+        return str(raw.headers.get("x-skillpool-route", ""))
+
+    chats = [[{"role": "user", "content": f"{ask_user}\n{row['input']}"}] for row in test]
+    chats += [
+        [
+            {"role": "system", "content": ask_system},
+            {"role": "user", "content": "Hi! I have some articles for you."},
+            {"role": "assistant", "content": "Sure, send them over."},
+            {"role": "user", "content": row["input"]},
+        ]
+        for row in test
+    ]
+    with cf.ThreadPoolExecutor(8) as pool:
+        routes = list(pool.map(header, chats))
+    user_rate = sum(h.startswith("agnews=") for h in routes[:20]) / 20
+    system_rate = sum(h.startswith("agnews=") for h in routes[20:]) / 20
+    print(f"\nagnews paraphrased: user-turn route_rate={user_rate:.2f} system-message route_rate={system_rate:.2f}")
+    assert user_rate >= 0.8 and system_rate >= 0.8, routes
+    other = [{"role": "user", "content": "Is this movie review Good or Bad?\nA waste of two hours."}]
+    assert header(other) == "base"  # another task in other words still falls back
+
+
 def test_restart_keeps_the_skill(server: ServerProcess, data_dir: Path, mode: str) -> None:
     server.stop()
     with ServerProcess(data_dir, ["--router-mode", mode]) as again:

@@ -248,6 +248,10 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
         off_topic.json()["skillpool"]["reason"] == "below_threshold"
         and off_topic.headers["x-skillpool-route"] == "base"
     )
+    demand = client.get("/v1/skillpool/fallback_clusters").json()  # the limerick is demand no skill serves
+    [cluster] = [c for c in demand["data"] if any("penguin" in e for e in c["examples"])]
+    assert cluster["count"] >= 1 and cluster["nearest_skills"][0]["skill"] == "sst-2" and demand["observed"] >= 1
+    assert "skillpool_fallback_clusters 1.0" in client.get("/metrics").text
     assert_error(client.delete(f"/tasks/{job['id']}"), 409, "id", "task_finished")
     # the stored skill is a plain PEFT adapter
     from peft import PeftConfig

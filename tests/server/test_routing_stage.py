@@ -13,9 +13,9 @@ from skillpool.server.routing import RoutingStage, _cap
 class CountingRouter(Router):
     calls: list[int]
 
-    def route(self, texts, open_set=True):  # type: ignore[no-untyped-def]
+    def route_traffic(self, texts):  # type: ignore[no-untyped-def]
         self.calls.append(len(texts))
-        return super().route(texts, open_set)
+        return super().route_traffic(texts)
 
 
 def test_concurrent_requests_share_one_embedding_call(embedder) -> None:  # type: ignore[no-untyped-def]

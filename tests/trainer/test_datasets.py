@@ -29,9 +29,13 @@ def test_both_formats_normalize_to_prompt_answer_and_route_text() -> None:
         "messages": [{"role": "system", "content": "Classify."}, {"role": "user", "content": "great film"}],
         "answer": "positive",
         "route_text": "Classify.\ngreat film",
+        "route_input": "great film",  # without the system prompt: what a paraphrase of it keeps
     }
     assert inst["messages"] == [{"role": "user", "content": "Classify the review.\ngreat film"}]
     assert inst["answer"] == "positive" and inst["route_text"] == "Classify the review.\ngreat film"
+    assert inst["route_input"] == "great film"
+    [bare] = parse_jsonl(jl({"instruction": "Say hi.", "output": "hi"}))
+    assert bare["route_input"] == "Say hi."  # no input: the instruction is all there is
 
 
 def test_blank_lines_are_skipped() -> None:

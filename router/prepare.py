@@ -1,0 +1,57 @@
+"""A skill's router tensors from its training inputs: keys, thresholds, covariance, format and label models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from .dtkr import slot_scores, train_dtkr_keys
+from .formats import fit_format
+from .keys import calibrate_threshold, centroid_keys, held_out_best
+from .needs import fit_fields, fit_labels
+from .types import CENTROID, DTKR, RouterSettings
+
+
+def skill_tensors(
+    emb: np.ndarray,
+    texts: Sequence[str] | None,
+    inputs: Sequence[str] | None,
+    answers: Sequence[str] | None,
+    s: RouterSettings,
+) -> dict[str, torch.Tensor]:
+    """emb: the embeddings keys are fitted on (prompts, plus inputs without instruction when augmented);
+    texts/inputs/answers: the prompts, inputs and answers the format and label models are fitted on."""
+    fit_c: Callable[[np.ndarray], np.ndarray] = lambda x: centroid_keys(x, s.n_keys)  # noqa: E731
+    fit_d: Callable[[np.ndarray], torch.Tensor] = lambda x: train_dtkr_keys(x, s.n_keys, s.dtkr)  # noqa: E731
+    cent, dtkr = fit_c(emb), fit_d(emb)
+    best_c = held_out_best(emb, fit_c, lambda x, k: (x @ k.T).max(axis=1), s.calibration_folds)
+    best_d = held_out_best(emb, fit_d, lambda x, k: slot_scores(x, k, s.dtkr.groups).max(axis=1), s.calibration_folds)
+    thr_c = calibrate_threshold(best_c, s.threshold_percentile, s.threshold_margin)
+    thr_d = calibrate_threshold(best_d, s.threshold_percentile, s.threshold_margin)
+    cov = np.cov(emb.T) if len(emb) > 1 else np.zeros((emb.shape[1], emb.shape[1]))
+    fmt: dict[str, torch.Tensor] = {}
+    if inputs is not None and s.format.source == "inputs":  # the fields a paraphrase keeps
+        fmt = fit_format(inputs, replace(s.format, min_df=s.format.input_min_df)).tensors()
+    elif texts is not None:
+        fmt = fit_format(texts, s.format).tensors()
+    if answers is not None and (lab := fit_labels(answers, inputs if inputs is not None else texts or [], s.labels)):
+        fmt |= lab.tensors()
+    if inputs is not None and s.format.source == "inputs":
+        fmt |= fit_fields(inputs).tensors()
+    return (
+        fmt
+        | {
+            CENTROID: torch.from_numpy(cent),
+            DTKR: dtkr,
+            "input_cov": torch.from_numpy(cov.astype(np.float32)).half(),  # for the pooled whitening
+            "input_count": torch.tensor([len(emb)]),
+            "calibration_inputs": torch.from_numpy(
+                emb[np.random.default_rng(0).permutation(len(emb))[: s.calibration_inputs]]
+            ).half(),
+            "threshold": torch.tensor([thr_c], dtype=torch.float32),  # centroid mode
+            "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
+        }
+    )
