@@ -3,13 +3,13 @@
 One engine thread runs iterations. Each iteration (vLLM's scheduler, simplified):
   1. applies what other threads asked for since the last one: new requests, aborts, skills added or
      removed (so skills change between steps without draining the batch);
-  2. decodes one token for every running row (one batched forward over a shared, left-padded KV cache);
-  3. prefills waiting requests within a per-step token budget (`max_batched_tokens` minus the decode
+  2. prefills waiting requests within a per-step token budget (`max_batched_tokens` minus the decode
      rows): whole prompts that fit go together, in padded forwards of prompts of similar length; a prompt
-     longer than what is left
-     is prefilled in chunks over several iterations, so a long prompt delays the others' next token by at
-     most one chunk. Prefill computes logits for the last position only. A row whose prefill completes
-     samples its first token at once and joins the decode batch (its KV cache is merged in).
+     longer than what is left is prefilled in chunks over several iterations, so a long prompt delays the
+     others' next token by at most one chunk. Prefill computes logits for the last position only. A row
+     whose prefill completes samples its first token at once and joins the decode batch (its KV cache is
+     merged in);
+  3. decodes one token for every running row (one batched forward over a shared, left-padded KV cache).
 Rows leave the batch the moment they finish, are aborted or hit a stop string; each row has its own mix,
 sampling parameters, stop strings and budget. Only the `max_loaded_skills` most recently used skills are
 resident; others are read from the store on first use (S-LoRA's idea, from disk rather than host memory).
@@ -185,11 +185,14 @@ class HFEngine(StreamsEvents):
         return {k for s in rows for k, _ in s.mix}
 
     def _step(self) -> None:
+        # Prefill first: a new row's first token then does not wait for a decode forward, and the running rows'
+        # next token waits for the same prefill either way (vLLM runs both in one forward; here they are two).
+        decoding = len(self._running)
+        budget = self.max_batched_tokens - decoding
+        if self._waiting and decoding < self.max_num_seqs and budget > 0:
+            self._prefill(budget)
         if self._running:
             self._decode()
-        budget = self.max_batched_tokens - len(self._running)
-        if self._waiting and len(self._running) < self.max_num_seqs and budget > 0:
-            self._prefill(budget)
 
     # --- admission, skills ----------------------------------------------------------------------
     def _admit(self, s: Row, reserved: frozenset[str] = frozenset()) -> bool | None:
