@@ -86,7 +86,6 @@ class HFEngine(StreamsEvents):
         self._pending = 0  # submitted and not yet admitted to the batch (for backpressure)
         self._pending_lock = threading.Lock()
         self._alive = True
-        self.steps = 0  # decode steps run (for tests and stats)
         self._aborted = 0  # requests that ended by abort (a client went away)
         self._thread = threading.Thread(target=self._loop, name="skillpool-engine-hf", daemon=True)
         self._thread.start()
@@ -340,7 +339,6 @@ class HFEngine(StreamsEvents):
             self._drop_finished()
             return
         self._kv.stepped(mask)
-        self.steps += 1
         if self.on_step is not None:
             self.on_step(len(rows))
         for s, t in zip(rows, sample(out.logits[:, -1, :].float(), rows)):
