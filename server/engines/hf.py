@@ -276,7 +276,7 @@ class HFEngine(StreamsEvents):
             return
         for s in group:
             s.done_prompt = len(s.req.prompt_ids)
-        self._join(group, KVBatch.from_cache(cache, mask), out.logits[:, -1, :])
+        self._join(group, KVBatch(cache, mask), out.logits[:, -1, :])
 
     def _prefill_chunk(self, s: Row, budget: int) -> None:
         p = s.req.prompt_ids
@@ -307,7 +307,7 @@ class HFEngine(StreamsEvents):
         cache, s.cache = s.cache, None
         self._join(
             [s],
-            KVBatch.from_cache(cache, torch.ones((1, end), dtype=torch.long, device=self.device)),
+            KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device)),
             out.logits[:, -1, :],
         )
 

@@ -18,10 +18,6 @@ class KVBatch:
     def __init__(self, cache: DynamicCache, mask: Tensor) -> None:
         self.cache, self.mask = cache, mask
 
-    @classmethod
-    def from_cache(cls, cache: DynamicCache, mask: Tensor) -> KVBatch:
-        return cls(cache, mask)
-
     def _tensors(self) -> list[tuple[Tensor, Tensor]]:
         out = []
         for layer in self.cache.layers:
