@@ -61,6 +61,7 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             max_batched_tokens=cfg.max_batched_tokens,
             max_waiting=cfg.max_waiting,
             max_loaded_skills=cfg.max_loaded_skills,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
             on_step=metrics.batch_size.observe if metrics is not None else None,
         )
     raise ValueError(f"unknown engine {cfg.engine!r}")

@@ -117,6 +117,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=d.max_loaded_skills,
         help="keep only this many skills' adapters in the engine (least recently used leave; default: all)",
     )
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=d.prefix_cache_tokens,
+        help="keep the KV of this many prompt tokens for prompts that start alike (blocks of 16; 0: off)",
+    )
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     _router_arguments(p)
     p.add_argument(
@@ -204,6 +210,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_batched_tokens=args.max_batched_tokens,
         max_waiting=args.max_waiting,
         max_loaded_skills=args.max_loaded_skills,
+        prefix_cache_tokens=args.prefix_cache_tokens,
         default_max_tokens=args.default_max_tokens,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,

@@ -22,6 +22,7 @@ class ServerConfig:
     max_batched_tokens: int = 512  # tokens one engine step may process: decode rows + prefill (chunked beyond)
     max_waiting: int = 256  # requests waiting for the engine beyond this get 429 with Retry-After
     max_loaded_skills: int | None = None  # adapters resident in the engine (LRU); None: every skill
+    prefix_cache_tokens: int = 4096  # prompt KV kept for reuse by prompts that start alike (0: off)
     default_max_tokens: int = 512
     max_upload_bytes: int = 50 * 1024 * 1024
     max_upload_examples: int = 100_000

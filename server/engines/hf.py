@@ -8,7 +8,8 @@ One engine thread runs iterations. Each iteration (vLLM's scheduler, simplified)
      longer than what is left is prefilled in chunks over several iterations, so a long prompt delays the
      others' next token by at most one chunk. Prefill computes logits for the last position only. A row
      whose prefill completes samples its first token at once and joins the decode batch (its KV cache is
-     merged in);
+     merged in). A prompt that starts with blocks some earlier prompt had, under the same mix, reuses their
+     KV and prefills only the rest (prefix caching, `prefix.py`);
   3. decodes one token for every running row (one batched forward over a shared, left-padded KV cache).
 Rows leave the batch the moment they finish, are aborted or hit a stop string; each row has its own mix,
 sampling parameters, stop strings and budget. Only the `max_loaded_skills` most recently used skills are
@@ -32,10 +33,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from skillpool.adapters_store.lora import LoRABank
 
 from .detokenize import TextStream
-from .kv import KVBatch
+from .kv import KVBatch, growing_cache
+from .prefix import BLOCK, PrefixCache
 from .protocol import AdapterLoader, EngineBusy, EngineEvent, EngineRequest, StreamsEvents
 from .residency import SkillResidency
-from .rows import Row, Sink, sample, similar_lengths
+from .rows import Row, Sink, prefill_inputs, sample, similar_lengths
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class HFEngine(StreamsEvents):
         max_batched_tokens: int = 512,
         max_waiting: int = 256,
         max_loaded_skills: int | None = None,
+        prefix_cache_tokens: int = 4096,
         on_step: Callable[[int], None] | None = None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -76,6 +79,8 @@ class HFEngine(StreamsEvents):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
         if max_batched_tokens < max_num_seqs + 1:
             raise ValueError("max_batched_tokens must exceed max_num_seqs (each decode row takes one token a step)")
+        if prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must be >= 0 (0 turns prefix caching off)")
         self.max_num_seqs, self.max_batched_tokens, self.max_waiting = max_num_seqs, max_batched_tokens, max_waiting
         self.on_step = on_step  # observes the rows of every decode step (the batch-size metric)
         self._inbox: queue.SimpleQueue[_Control] = queue.SimpleQueue()
@@ -83,6 +88,7 @@ class HFEngine(StreamsEvents):
         self._running: list[Row] = []  # the decode batch, in KV row order
         self._kv: KVBatch | None = None
         self.skills = SkillResidency(self.bank, max_loaded_skills)
+        self.prefix = PrefixCache(prefix_cache_tokens)
         self._pending = 0  # submitted and not yet admitted to the batch (for backpressure)
         self._pending_lock = threading.Lock()
         self._alive = True
@@ -122,6 +128,8 @@ class HFEngine(StreamsEvents):
             "resident_skills": len(self.bank),
             "known_skills": self.skills.known,
             "aborted": self._aborted,
+            "prefix_cached_tokens": self.prefix.cached_tokens,
+            "prefix_hit_tokens": self.prefix.hit_tokens,
         }
 
     def close(self) -> None:
@@ -218,14 +226,15 @@ class HFEngine(StreamsEvents):
     # --- prefill and decode ---------------------------------------------------------------------
     def _prefill(self, budget: int) -> None:
         head = self._waiting[0]
-        if head.done_prompt == 0 and len(head.req.prompt_ids) <= budget:
+        head.look_up(self.skills.resolve, self.prefix)
+        if head.done_prompt == 0 and head.todo <= budget:
             group: list[Row] = []
             used = 0
             room = self.max_num_seqs - len(self._running)
             while self._waiting and len(group) < room:
                 s = self._waiting[0]
-                n = len(s.req.prompt_ids)
-                if s.done_prompt or used + n > budget:
+                s.look_up(self.skills.resolve, self.prefix)
+                if s.done_prompt or used + s.todo > budget:
                     break
                 ok = self._admit(s, frozenset(k for g in group for k, _ in g.mix))
                 if ok is None:  # waits for running rows to free a skill slot
@@ -233,8 +242,9 @@ class HFEngine(StreamsEvents):
                 self._waiting.popleft()
                 self._admitted()
                 if ok:
+                    s.check_past()
                     group.append(s)
-                    used += n
+                    used += s.todo
             for bucket in similar_lengths(group):
                 self._prefill_whole(bucket)
             return
@@ -246,19 +256,16 @@ class HFEngine(StreamsEvents):
                 self._waiting.popleft()
                 self._admitted()
                 return
+            head.check_past()
+            if head.past_len:
+                head.cache, head.done_prompt = growing_cache(head.past, spare=budget), head.past_len
         self._prefill_chunk(head, budget)
 
     def _prefill_whole(self, group: list[Row]) -> None:
-        n, width = len(group), max(len(s.req.prompt_ids) for s in group)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, s in enumerate(group):
-            p = s.req.prompt_ids
-            ids[i, width - len(p) :] = torch.tensor(list(p))
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        """One padded forward over the rows' prompts after their cached prefixes: the prefixes left-padded to
+        the longest, then the rest of each prompt left-padded to the longest rest (masked holes between)."""
+        ids, pos, mask, past = prefill_inputs(group, self.pad_id, self.device)
+        cache = past.cache if past is not None else DynamicCache()
         try:
             with self.bank.mixed([s.mix for s in group]):
                 out = self.model(
@@ -274,9 +281,12 @@ class HFEngine(StreamsEvents):
             for s in group:
                 self._finish(s, "error", error=f"prefill failed: {e}")
             return
-        for s in group:
-            s.done_prompt = len(s.req.prompt_ids)
-        self._join(group, KVBatch(cache, mask), out.logits[:, -1, :])
+        kv = KVBatch(cache, mask)
+        for i, s in enumerate(group):
+            s.done_prompt, s.past = len(s.req.prompt_ids), []
+            if len(s.req.prompt_ids) // BLOCK > s.past_len // BLOCK:  # whole blocks the cache does not have
+                self.prefix.insert(s.mix, s.req.prompt_ids, kv.row(i))
+        self._join(group, kv, out.logits[:, -1, :])
 
     def _prefill_chunk(self, s: Row, budget: int) -> None:
         p = s.req.prompt_ids
@@ -304,12 +314,11 @@ class HFEngine(StreamsEvents):
             return
         self._waiting.popleft()
         self._admitted()
-        cache, s.cache = s.cache, None
-        self._join(
-            [s],
-            KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device)),
-            out.logits[:, -1, :],
-        )
+        cache, s.cache, s.past = s.cache, None, []
+        kv = KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device))
+        if len(p) // BLOCK > s.past_len // BLOCK:
+            self.prefix.insert(s.mix, p, kv.row(0))
+        self._join([s], kv, out.logits[:, -1, :])
 
     def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
         """Sample each new row's first token; rows that go on join the decode batch."""
@@ -377,7 +386,7 @@ class HFEngine(StreamsEvents):
             self._finish(s, "length", text=delta + s.text.finish())
             return False
         if delta:
-            self._send(s, EngineEvent(text=delta, tokens=s.out))
+            s.send(EngineEvent(text=delta, tokens=s.out))
         return True
 
     def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None) -> None:
@@ -385,11 +394,4 @@ class HFEngine(StreamsEvents):
             return
         s.finished = True
         self._aborted += reason == "abort"
-        self._send(s, EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error))
-
-    @staticmethod
-    def _send(s: Row, ev: EngineEvent) -> None:
-        try:
-            s.sink(ev)
-        except Exception:  # a sink whose event loop is gone must not stop the engine
-            log.warning("could not deliver an event of %s", s.req.request_id)
+        s.send(EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error))

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
 from .detokenize import TextStream
-from .protocol import EngineEvent, EngineRequest
+from .kv import KVBatch
+from .prefix import PrefixCache
+from .protocol import EngineEvent, EngineRequest, Mix
 
+log = logging.getLogger(__name__)
 Sink = Callable[[EngineEvent], None]
 
 
@@ -24,10 +28,39 @@ class Row:
     gen: torch.Generator | None
     done_prompt: int = 0  # prompt tokens prefilled so far
     cache: DynamicCache | None = None  # while its prefill is chunked: its own cache (batch of 1)
-    mix: tuple[tuple[str, float], ...] = ()  # the request's mix with each skill's resident version key
+    past: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # a cached prefix's KV, per layer
+    past_len: int = 0  # its tokens: the prefill starts after them
+    past_mix: Mix | None = None  # the mix the prefix was looked up for (None: not yet)
+    mix: Mix = ()  # the request's mix with each skill's resident version key
     out: int = 0  # completion tokens so far
     last: int = -1  # the newest token, the next decode step's input
     finished: bool = False
+
+    def send(self, ev: EngineEvent) -> None:
+        try:
+            self.sink(ev)
+        except Exception:  # a sink whose event loop is gone must not stop the engine
+            log.warning("could not deliver an event of %s", self.req.request_id)
+
+    def look_up(self, resolve: Callable[[Mix], Mix], prefix: PrefixCache) -> None:
+        """Find the longest cached prefix once, before admission (the step's token budget counts the rest)."""
+        if self.past_mix is not None:
+            return
+        try:
+            self.past_mix = resolve(self.req.mix)
+        except KeyError:  # its admission will fail with this error
+            self.past_mix = ()
+            return
+        self.past_len, self.past = prefix.lookup(self.past_mix, self.req.prompt_ids)
+
+    def check_past(self) -> None:
+        """After admission: a skill re-added since the lookup means the prefix was computed with its old version."""
+        if self.past_len and self.past_mix != self.mix:
+            self.past_len, self.past = 0, []
+
+    @property
+    def todo(self) -> int:  # prompt tokens its prefill still has to compute
+        return len(self.req.prompt_ids) - max(self.done_prompt, self.past_len)
 
     @property
     def position(self) -> int:  # position id of `last`
@@ -51,15 +84,38 @@ def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
 
 
 def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row]]:
-    """Prompts in buckets of similar length: a padded prefill computes every row to the longest prompt, and
-    on a CPU prefill is compute-bound (a 44-token prompt beside a 442-token one would cost ten times over)."""
+    """Prompts in buckets of similar length still to prefill: a padded prefill computes every row to the
+    longest, and on a CPU prefill is compute-bound (a 44-token prompt beside a 442-token one would cost ten
+    times over)."""
     buckets: list[list[Row]] = []
-    for s in sorted(group, key=lambda s: len(s.req.prompt_ids)):
+    for s in sorted(group, key=lambda s: s.todo):
         if buckets:
             b = [*buckets[-1], s]
-            total = sum(len(x.req.prompt_ids) for x in b)
-            if len(s.req.prompt_ids) * len(b) - total <= max_padding * total:
+            total = sum(x.todo for x in b)
+            if s.todo * len(b) - total <= max_padding * total:
                 buckets[-1] = b
                 continue
         buckets.append([s])
     return buckets
+
+
+def prefill_inputs(
+    group: Sequence[Row], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KVBatch | None]:
+    """One padded forward's inputs for the rows' prompts after their cached prefixes: the prefixes left-padded
+    to the longest (the returned past KV; None when no row has one), then the rest of each prompt left-padded
+    to the longest rest, with masked holes between. Returns ids, positions, the attention mask over past and
+    new columns, and the past."""
+    n, width = len(group), max(s.todo for s in group)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    new = torch.zeros((n, width), dtype=torch.long)
+    pos = torch.zeros((n, width), dtype=torch.long)
+    for i, s in enumerate(group):
+        rest = s.req.prompt_ids[s.past_len :]
+        ids[i, width - len(rest) :] = torch.tensor(list(rest))
+        new[i, width - len(rest) :] = 1
+        pos[i, width - len(rest) :] = torch.arange(s.past_len, len(s.req.prompt_ids))
+    new = new.to(device)
+    past = KVBatch.stack([s.past for s in group], spare=width) if any(s.past_len for s in group) else None
+    mask = torch.cat([past.mask, new], dim=1) if past is not None else new
+    return ids.to(device), pos.to(device), mask, past
