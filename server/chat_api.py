@@ -119,6 +119,8 @@ def install_chat(app: FastAPI, c: Components) -> None:
                 "server_busy",
                 headers={"Retry-After": str(e.retry_after_s)},
             ) from None
+        if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine
+            raise APIError(404, f"{first.error}", "model", "model_not_found")
         if first.finish_reason == "error":
             raise APIError(500, f"generation failed: {first.error}", None, "internal_error")
         headers = {"x-skillpool-route": decision.header()}

@@ -219,7 +219,7 @@ class HFEngine(StreamsEvents):
                 else:
                     s.gen.seed()
         except Exception as e:  # this request alone fails (a skill retired since routing, a broken adapter)
-            self._finish(s, "error", error=str(e))
+            self._finish(s, "error", error=str(e).strip("'\""), not_found=isinstance(e, KeyError))
             return False
         return True
 
@@ -389,9 +389,9 @@ class HFEngine(StreamsEvents):
             s.send(EngineEvent(text=delta, tokens=s.out))
         return True
 
-    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None) -> None:
+    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None, not_found: bool = False) -> None:
         if s.finished:
             return
         s.finished = True
         self._aborted += reason == "abort"
-        s.send(EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error))
+        s.send(EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error, not_found=not_found))

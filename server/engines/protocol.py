@@ -55,6 +55,7 @@ class EngineEvent:
     tokens: int = 0  # completion tokens so far
     finish_reason: str | None = None  # stop | length | abort | error
     error: str | None = None  # with finish_reason "error": what went wrong for this request alone
+    not_found: bool = False  # with an error: a skill of the mix is not served (retired since routing): a 404
 
 
 class EngineBusy(Exception):

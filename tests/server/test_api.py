@@ -359,6 +359,18 @@ def test_an_explicit_mix_is_forced_and_bad_mixes_are_rejected(client: TestClient
     assert_error(chat(client, "Hi", model="nope=1"), 404, "model", "model_not_found")
 
 
+def test_a_skill_retired_between_routing_and_the_engine_is_a_404(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    rec = next(iter(components.pool.records()), None)
+    assert rec is not None, "needs the skill trained by an earlier test"
+    components.engine.remove_skill(rec.name)  # the router still knows it: as if it retired mid-request
+    try:
+        assert_error(chat(client, "Hello there", model=rec.name), 404, "model", "model_not_found")
+        assert chat(client, "Hello there").status_code == 200  # the next request is served as usual
+    finally:
+        components.engine.add_skill(rec.name, rec.adapter)
+    assert chat(client, "Hello there", model=rec.name).status_code == 200
+
+
 def test_ignore_eos_decodes_the_whole_budget(client: TestClient) -> None:
     resp = chat(client, "Hello there", model="base", max_tokens=7, ignore_eos=True)
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 7

@@ -189,7 +189,7 @@ def test_a_bad_row_fails_alone(engine: HFEngine) -> None:
     good = Run(engine, "Hello there", (("one", 1.0),), max_tokens=8)
     bad = Run(engine, "Hello there", (("retired", 1.0),), max_tokens=8)
     text, finish, _ = bad.result()
-    assert finish == "error" and "retired" in (bad.events[-1][1].error or "")
+    assert finish == "error" and "retired" in (bad.events[-1][1].error or "") and bad.events[-1][1].not_found
     assert good.result() == run(engine, ["Hello there"], [(("one", 1.0),)], max_tokens=8)[0]
 
 
