@@ -93,5 +93,7 @@ def build_components(
         if runner is None:
             raise ValueError("without a Redis URL this server must run the trainer itself")
         jobs = LocalJobQueue(cfg.data_dir / "jobs", runner=runner, on_success=pool.register, on_finish=count)
-    routing = RoutingStage(router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_loaded_skills)
+    routing = RoutingStage(
+        router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_loaded_skills, cfg.max_waiting
+    )
     return Components(cfg, base, store, engine, router, pool, jobs, routing, metrics, time.time())

@@ -75,6 +75,16 @@ def _explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(((s, w / total) for s, w in mix.items()), key=lambda sw: -sw[1]))
 
 
+def _busy(e: EngineBusy) -> APIError:
+    return APIError(
+        429,
+        f"the server is busy ({e.waiting} requests waiting); retry later",
+        None,
+        "server_busy",
+        headers={"Retry-After": str(e.retry_after_s)},
+    )
+
+
 def install_chat(app: FastAPI, c: Components) -> None:
     m = c.metrics
 
@@ -98,7 +108,10 @@ def install_chat(app: FastAPI, c: Components) -> None:
                 "messages" if room < 1 else "max_tokens",
                 "context_length_exceeded",
             )
-        decision = await c.routing.decide(route_text(params.messages), target)
+        try:
+            decision = await c.routing.decide(route_text(params.messages), target)
+        except EngineBusy as e:
+            raise _busy(e) from None
         cid = completion_id()
         sampling = SamplingParams(
             max_tokens=params.max_tokens or min(room, c.cfg.default_max_tokens),
@@ -112,13 +125,7 @@ def install_chat(app: FastAPI, c: Components) -> None:
         try:
             first = await anext(events)  # submits: a full queue answers 429 before any response starts
         except EngineBusy as e:
-            raise APIError(
-                429,
-                f"the server is busy ({e.waiting} requests waiting); retry later",
-                None,
-                "server_busy",
-                headers={"Retry-After": str(e.retry_after_s)},
-            ) from None
+            raise _busy(e) from None
         if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine
             raise APIError(404, f"{first.error}", "model", "model_not_found")
         if first.finish_reason == "error":

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from skillpool.router import Decision, Router
 
+from .engines import EngineBusy
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,24 @@ class _Item:
 
 class RoutingStage:
     def __init__(
-        self, router: Router, metrics: Metrics, window_s: float, max_batch: int, max_skills: int | None = None
+        self,
+        router: Router,
+        metrics: Metrics,
+        window_s: float,
+        max_batch: int,
+        max_skills: int | None = None,
+        max_waiting: int | None = None,
     ) -> None:
         self.router, self.metrics, self.window_s, self.max_batch = router, metrics, window_s, max_batch
         self.max_skills = max_skills  # an engine that keeps k skills resident serves mixes of at most k
+        self.max_waiting = max_waiting  # requests waiting to be routed beyond this: EngineBusy (429)
         self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="skillpool-router", daemon=True)
         self._thread.start()
 
     async def decide(self, text: str, target: Target) -> Decision:
-        """`target`: "auto" routes; "base" is the base model; a skill name or a mix is forced."""
+        """`target`: "auto" routes; "base" is the base model; a skill name or a mix is forced. Raises
+        EngineBusy when `max_waiting` requests already wait to be routed."""
         if isinstance(target, tuple):
             d = Decision(route=list(target), reason="forced", score=1.0)
         elif target == "base":
@@ -51,6 +60,9 @@ class RoutingStage:
         elif target != "auto":
             d = Decision(route=[(target, 1.0)], reason="forced", score=1.0)
         else:
+            waiting = self._q.qsize()
+            if self.max_waiting is not None and waiting >= self.max_waiting:
+                raise EngineBusy(waiting)
             loop = asyncio.get_running_loop()
             item = _Item(text, loop.create_future(), loop)
             self._q.put(item)

@@ -4,8 +4,12 @@ skip the router; mixes are capped at what the engine keeps resident."""
 from __future__ import annotations
 
 import asyncio
+import threading
+
+import pytest
 
 from skillpool.router import Decision, Router
+from skillpool.server.engines import EngineBusy
 from skillpool.server.metrics import Metrics
 from skillpool.server.routing import RoutingStage, _cap
 
@@ -56,3 +60,39 @@ def test_cap_keeps_the_heaviest_skills_renormalized() -> None:
     capped = _cap(d, 2)
     assert [s for s, _ in capped.route] == ["a", "b"] and abs(sum(w for _, w in capped.route) - 1) < 1e-9
     assert capped.route[0][1] == 0.5 / 0.8 and (capped.reason, capped.score) == ("matched", 0.7)
+
+
+class GatedRouter(Router):
+    """Routes only once the test opens the gate: requests pile up in front of the stage meanwhile."""
+
+    gate: threading.Event
+    entered: threading.Event
+
+    def route_traffic(self, texts):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        self.gate.wait(30)
+        return super().route_traffic(texts)
+
+
+def test_a_full_routing_queue_is_busy_and_the_waiting_requests_still_get_routed(embedder) -> None:  # type: ignore[no-untyped-def]
+    router = GatedRouter(embedder)
+    router.gate, router.entered = threading.Event(), threading.Event()
+    stage = RoutingStage(router, Metrics(), window_s=0.0, max_batch=1, max_waiting=2)
+
+    async def main() -> list[Decision]:
+        first = asyncio.ensure_future(stage.decide("q0", "auto"))
+        while not router.entered.is_set():  # q0 is being routed; the next two wait in the queue
+            await asyncio.sleep(0.01)
+        waiting = [asyncio.ensure_future(stage.decide(f"q{i}", "auto")) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(EngineBusy):
+            await stage.decide("q3", "auto")
+        assert (await stage.decide("q4", "base")).reason == "base"  # no routing needed: never busy
+        router.gate.set()
+        return await asyncio.gather(first, *waiting)
+
+    try:
+        decisions = asyncio.run(main())
+    finally:
+        stage.close()
+    assert [d.reason for d in decisions] == ["no_skills"] * 3
