@@ -85,6 +85,20 @@ def _busy(e: EngineBusy) -> APIError:
     )
 
 
+async def _first_event(request: Request, events: AsyncIterator[EngineEvent]) -> EngineEvent | None:
+    """The request's first event, or None (and the request aborted) if the client disconnects first."""
+    task = asyncio.ensure_future(anext(events))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()  # the engine's generator aborts the request when it is closed unfinished
+            await asyncio.gather(task, return_exceptions=True)
+            await events.aclose()  # type: ignore[attr-defined]
+            return None
+
+
 def install_chat(app: FastAPI, c: Components) -> None:
     m = c.metrics
 
@@ -123,9 +137,11 @@ def install_chat(app: FastAPI, c: Components) -> None:
         )
         events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, tuple(decision.route)))
         try:
-            first = await anext(events)  # submits: a full queue answers 429 before any response starts
+            first = await _first_event(request, events)  # submits: a full queue answers 429 before any response
         except EngineBusy as e:
             raise _busy(e) from None
+        if first is None:  # the client left while the request waited for a slot or its prefill
+            return Response(status_code=499)
         if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine
             raise APIError(404, f"{first.error}", "model", "model_not_found")
         if first.finish_reason == "error":

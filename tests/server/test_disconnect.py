@@ -21,7 +21,9 @@ from tests.conftest import make_tiny_base
 def url(smollm, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
     # a long context, so that an answer takes seconds even on an idle machine (at >= 1 ms a decode step)
     base = make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-long"), max_positions=8192)
-    c = build_components(ServerConfig(data_dir=tmp_path_factory.mktemp("data")), base=base, embedder=embedder)
+    # one slot: a second request waits in the queue while the first decodes
+    cfg = ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_batch_size=1)
+    c = build_components(cfg, base=base, embedder=embedder)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(c), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -85,3 +87,29 @@ def test_a_non_streaming_client_that_times_out_aborts_its_request(url: str) -> N
         httpx.post(url + "/v1/chat/completions", json=BODY, timeout=1.0)
     assert running_after_wait(url, 0) == 0
     assert aborted(url) == before + 1
+
+
+def health(url: str) -> dict[str, int]:
+    return dict(httpx.get(url + "/healthz").json())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_while_queued_frees_its_place(url: str, stream: bool) -> None:
+    before = aborted(url)
+    with (
+        httpx.Client(timeout=60) as cl,
+        cl.stream("POST", url + "/v1/chat/completions", json={**BODY, "stream": True}) as running,
+    ):
+        assert running.status_code == 200
+        lines = running.iter_lines()  # kept: a dropped line iterator closes the response
+        next(lines)
+        assert running_after_wait(url, 1) == 1  # the only slot is taken
+        with pytest.raises(httpx.ReadTimeout):  # this one waits in the queue, and its client gives up
+            httpx.post(url + "/v1/chat/completions", json={**BODY, "stream": stream}, timeout=1.0)
+        deadline = time.time() + 10
+        while health(url)["waiting"] and time.time() < deadline:
+            time.sleep(0.05)
+        h = health(url)
+        assert (h["waiting"], h["running"]) == (0, 1)  # gone from the queue while the first still decodes
+        assert aborted(url) == before + 1
+    assert running_after_wait(url, 0) == 0
