@@ -94,7 +94,7 @@ class VLLMEngine(StreamsEvents):
         self.base_model_id = base_model_id
         self._lock = threading.Lock()
         self._current: dict[str, str] = {}  # skill -> its version key (name#n): a new version is a new adapter
-        self._loaders: dict[str, AdapterLoader] = {}  # version key -> reads its weights (kept while in use)
+        self._loaders: dict[str, AdapterLoader] = {}  # live version key -> reads its weights
         self._ranks: dict[str, int] = {}
         self._generation = itertools.count(1)
         self._inflight: dict[str, _Flight] = {}
@@ -233,7 +233,11 @@ class VLLMEngine(StreamsEvents):
         return load
 
     def _retire(self, key: str) -> None:
-        """Drop an old version's idle mix adapters; requests still running with it keep their folders."""
+        """Forget an old version (its loader may hold tensors: the gate's candidates) and its idle mix adapters;
+        requests already running with it keep their folders."""
+        with self._lock:
+            self._loaders.pop(key, None)
+            self._ranks.pop(key, None)
         self.mixes.drop_skill(key)
 
     def _forget(self, entry: MixAdapter) -> None:
