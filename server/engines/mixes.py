@@ -1,7 +1,8 @@
 """Mix adapters for engines that take one LoRA per request (vLLM): plans, content keys and a folder cache.
 
 A routing decision [(skill, w)] becomes a `MixPlan`: weights rounded to a 1/16 grid (so near-equal mixes share
-one adapter), skills beyond the engine's rank budget dropped (smallest weight first, the rest renormalized,
+one adapter), a skill holding >= 90% of the weight alone (the design: keep distinct adapters in flight few),
+skills beyond the engine's rank budget dropped (smallest weight first, the rest renormalized,
 `capped` says so). Each distinct plan is one concatenated LoRA folder (adapters_store/concat.py) with its own
 LoRA id and name, held while requests use it and evicted least-recently-used after. Ids and names are never
 reused: vLLM keys its adapter and prefix caches on them, so a reused id would serve stale weights.
@@ -51,8 +52,14 @@ class MixPlan:
         return tuple((s, n / GRID) for s, n in self.key)
 
 
-def plan_mix(mix: Sequence[tuple[str, float]], ranks: dict[str, int], max_rank: int) -> MixPlan:
-    """The grid-rounded plan for `mix` (skills as version keys), capped to `max_rank` total LoRA rank."""
+DOMINANT = 0.9  # a skill with this share of a mix's weight goes alone: fewer distinct adapters in flight
+
+
+def plan_mix(
+    mix: Sequence[tuple[str, float]], ranks: dict[str, int], max_rank: int, dominant: float = DOMINANT
+) -> MixPlan:
+    """The grid-rounded plan for `mix` (skills as version keys), capped to `max_rank` total LoRA rank; a
+    dominant skill (>= `dominant` of the weight) goes as itself, carrying the mix's whole weight."""
     live = sorted(((s, float(w)) for s, w in mix if w > 0.0), key=lambda sw: (-sw[1], sw[0]))
     for s, _ in live:
         if ranks[s] > max_rank:
@@ -64,6 +71,9 @@ def plan_mix(mix: Sequence[tuple[str, float]], ranks: dict[str, int], max_rank: 
         kept = sum(w for _, w in live)
         live = [(s, w * total / kept) for s, w in live]  # renormalized to the same total
         capped = True
+    total = sum(w for _, w in live)
+    if live and live[0][1] >= dominant * total:
+        live = [(live[0][0], total)]
     return MixPlan(round_to_grid(live), capped)
 
 

@@ -38,6 +38,9 @@ def test_plan_caps_rank_by_dropping_the_smallest_weight() -> None:
     assert p.capped and p.key == (("a", 10), ("b", 6))  # 0.5 / 0.8 = 0.625, 0.3 / 0.8 = 0.375
     q = plan_mix([("a", 0.5), ("b", 0.3), ("c", 0.2)], ranks, max_rank=32)
     assert not q.capped and len(q.key) == 3
+    dom = plan_mix([("a", 0.92), ("b", 0.08)], ranks, max_rank=32)
+    assert dom.key == (("a", 16),) and not dom.capped  # a dominant skill goes as itself
+    assert plan_mix([("a", 0.85), ("b", 0.15)], ranks, max_rank=32).key == (("a", 14), ("b", 2))
     with pytest.raises(ValueError, match="above max_lora_rank"):
         plan_mix([("a", 1.0)], {"a": 64}, max_rank=16)
 
