@@ -88,3 +88,31 @@ def test_greedy_answers_equal_the_hf_engine(server, smollm) -> None:  # type: ig
             assert chat(srv.url, model, stream=False)[0] == asyncio.run(hf_answer(mix))
     finally:
         hf.close()
+
+
+def test_a_skill_learned_through_tasks_is_routed_to(server) -> None:  # type: ignore[no-untyped-def]
+    """Hot registration end to end: the trainer stores a skill (judged by this vllm engine) and `auto` routes
+    the next requests to it, no restart."""
+    import json
+
+    from openai import OpenAI
+
+    from load_tests.common import ask, rows, upload, user_text, wait_job
+    from skillpool.trainer.evaluation import first_word_match
+
+    srv, _, _ = server
+    dataset_dir("long_sequence", "agnews")
+    body = "\n".join(json.dumps(r) for r in rows("long_sequence", "agnews", "train", 160)).encode()
+    r = upload(srv.url, "agnews", body, {"epochs": 2})
+    assert r.status_code == 202, r.text
+    job = wait_job(srv.url, r.json()["id"], timeout_s=1500, verbose=False)
+    assert job["status"] == "succeeded", job
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    test = rows("long_sequence", "agnews", "test", 24)
+    texts = [user_text(row) for row in test]
+    routed, base = ask(client, "auto", texts), ask(client, BASE, texts)
+    route_rate = sum(h.startswith("agnews") for _, h in routed) / len(test)
+    acc, acc_base = (
+        sum(first_word_match(a, row["output"]) for (a, _), row in zip(x, test)) / len(test) for x in (routed, base)
+    )
+    assert route_rate >= 0.9 and acc >= acc_base + 0.2, (route_rate, acc, acc_base, job["eval"])
