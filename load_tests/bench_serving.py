@@ -12,7 +12,7 @@ Reports TTFT p50/p99, inter-token latency p50/p99, end-to-end p50, output tokens
 (the share of requests meeting both TTFT and ITL bounds, and their tokens/s), the server's resident memory,
 and the ratios the serving-core issue asks for. Answers decode exactly --max-tokens (ignore_eos).
 
-    .venv/bin/python load_tests/bench_serving.py [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
+    .venv/bin/python load_tests/bench_serving.py [--engine hf,vllm] [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def main() -> int:
     from skillpool.server.process import ServerProcess
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", default="hf")
+    ap.add_argument("--engine", default="hf", help="one engine or several, each measured in turn: hf,vllm")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--per-client", type=int, default=4, help="requests per closed-loop client")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -214,122 +214,143 @@ def main() -> int:
         draw = random.Random(7).choices(pool, weights, k=n_req)
         return lambda c, j: (draw[c * args.per_client + j], prompts[(c * args.per_client + j) % len(prompts)])
 
-    flags = ["--engine", args.engine, "--max-batch-size", str(max(args.clients, 16))]
-    results: dict[str, dict[str, float]] = {}
-    mem: dict[str, float] = {}
+    big_names: list[str] = []
 
-    def record(name: str, res_wall: tuple[list[dict[str, float]], float]) -> None:
-        results[name] = summarize(*res_wall, args.slo_ttft, args.slo_itl)
-        r = results[name]
-        print(
-            f"  {name}: {r['tok_s']:.1f} tok/s, ttft p50 {r['ttft_p50']:.2f}s, itl p50 {r['itl_p50'] * 1000:.0f}ms",
-            flush=True,
-        )
+    def run(engine: str) -> None:
+        """Every scenario on one engine, with its table and ratios."""
+        flags = ["--engine", engine, "--max-batch-size", str(max(args.clients, 16))]
+        results: dict[str, dict[str, float]] = {}
+        mem: dict[str, float] = {}
 
-    with ServerProcess(root / "small", flags) as srv:
-        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
-        load = Load(client, args.max_tokens)
-        load.one(base_id, prompts[-1])  # warm-up, with a prompt the single client does not send
-        record("base, 1 client", load.closed(1, 4, lambda c, j: (base_id, prompts[j])))
-        record(
-            f"base, {args.clients} clients",
-            load.closed(
-                args.clients, args.per_client, lambda c, j: (base_id, prompts[(c * args.per_client + j) % len(prompts)])
-            ),
-        )
-        record(
-            f"k=3 mixes all different, {args.clients} clients",
-            load.closed(
-                args.clients,
-                args.per_client,
-                lambda c, j: (mix_models[c * args.per_client + j], prompts[(c * args.per_client + j) % len(prompts)]),
-            ),
-        )
-        for rate in [float(x) for x in args.rates.split(",") if x]:
-            record(
-                f"base, Poisson {rate:g} req/s",
-                load.poisson(rate, args.poisson_requests, lambda c, j: (base_id, prompts[j % len(prompts)])),
+        def record(name: str, res_wall: tuple[list[dict[str, float]], float]) -> None:
+            results[name] = summarize(*res_wall, args.slo_ttft, args.slo_itl)
+            r = results[name]
+            print(
+                f"  {name}: {r['tok_s']:.1f} tok/s, ttft p50 {r['ttft_p50']:.2f}s, itl p50 {r['itl_p50'] * 1000:.0f}ms",
+                flush=True,
             )
-        record(
-            f"auto, {args.skills}-skill pool, {args.clients} clients",
-            load.closed(
-                args.clients, args.per_client, lambda c, j: ("auto", prompts[(c * args.per_client + j) % len(prompts)])
-            ),
-        )
-        record(f"popular skills, {args.skills}-skill pool", load.closed(args.clients, args.per_client, popular(names)))
-        mem[f"{args.skills}-skill pool"] = rss_mib(srv.proc.pid)
-        stats = httpx.get(srv.url + "/healthz").json()
-        print(f"  healthz: {stats}", flush=True)
-    # Mixes cannot reuse the base model's prompt KV (a LoRA on k/v changes it), and all-different mixes share
-    # none among themselves: compare them with the base model like for like too, with prefix caching off.
-    with ServerProcess(root / "small", [*flags, "--prefix-cache-tokens", "0"]) as srv:
-        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
-        load = Load(client, args.max_tokens)
-        load.one(base_id, prompts[0])
-        for name, model in (("base", lambda i: base_id), ("k=3 mixes all different", lambda i: mix_models[i])):
+
+        with ServerProcess(root / "small", flags) as srv:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+            load = Load(client, args.max_tokens)
+            load.one(base_id, prompts[-1])  # warm-up, with a prompt the single client does not send
+            record("base, 1 client", load.closed(1, 4, lambda c, j: (base_id, prompts[j])))
             record(
-                f"{name}, {args.clients} clients, no prefix cache",
+                f"base, {args.clients} clients",
                 load.closed(
                     args.clients,
                     args.per_client,
-                    lambda c, j, model=model: (
-                        model(c * args.per_client + j),
+                    lambda c, j: (base_id, prompts[(c * args.per_client + j) % len(prompts)]),
+                ),
+            )
+            record(
+                f"k=3 mixes all different, {args.clients} clients",
+                load.closed(
+                    args.clients,
+                    args.per_client,
+                    lambda c, j: (
+                        mix_models[c * args.per_client + j],
                         prompts[(c * args.per_client + j) % len(prompts)],
                     ),
                 ),
             )
-    if args.big_pool:
-        print(f"writing {args.big_pool} synthetic skills ...", flush=True)
-        big_names = make_skills(root / "big", args.big_pool, args.rank, seed=1)
-        big = [*flags, "--max-loaded-skills", str(args.max_loaded_skills)]
-        with ServerProcess(root / "big", big, startup_s=1800) as srv:
-            client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
-            load = Load(client, args.max_tokens)
-            load.one(big_names[0], prompts[0])
+            for rate in [float(x) for x in args.rates.split(",") if x]:
+                record(
+                    f"base, Poisson {rate:g} req/s",
+                    load.poisson(rate, args.poisson_requests, lambda c, j: (base_id, prompts[j % len(prompts)])),
+                )
             record(
-                f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded",
-                load.closed(args.clients, args.per_client, popular(big_names)),
+                f"auto, {args.skills}-skill pool, {args.clients} clients",
+                load.closed(
+                    args.clients,
+                    args.per_client,
+                    lambda c, j: ("auto", prompts[(c * args.per_client + j) % len(prompts)]),
+                ),
             )
-            mem[f"{args.big_pool}-skill pool"] = rss_mib(srv.proc.pid)
+            record(
+                f"popular skills, {args.skills}-skill pool", load.closed(args.clients, args.per_client, popular(names))
+            )
+            mem[f"{args.skills}-skill pool"] = rss_mib(srv.proc.pid)
             stats = httpx.get(srv.url + "/healthz").json()
             print(f"  healthz: {stats}", flush=True)
+        if engine == "hf":
+            # Mixes cannot reuse the base model's prompt KV (a LoRA on k/v changes it), and all-different mixes
+            # share none among themselves: compare them with the base model like for like too, prefix caching off.
+            with ServerProcess(root / "small", [*flags, "--prefix-cache-tokens", "0"]) as srv:
+                client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+                load = Load(client, args.max_tokens)
+                load.one(base_id, prompts[-1])
+                for name, model in (("base", lambda i: base_id), ("k=3 mixes all different", lambda i: mix_models[i])):
+                    record(
+                        f"{name}, {args.clients} clients, no prefix cache",
+                        load.closed(
+                            args.clients,
+                            args.per_client,
+                            lambda c, j, model=model: (
+                                model(c * args.per_client + j),
+                                prompts[(c * args.per_client + j) % len(prompts)],
+                            ),
+                        ),
+                    )
+        if args.big_pool:
+            if not big_names:  # written once, served by every engine
+                print(f"writing {args.big_pool} synthetic skills ...", flush=True)
+                big_names.extend(make_skills(root / "big", args.big_pool, args.rank, seed=1))
+            big = [*flags, "--max-loaded-skills", str(args.max_loaded_skills)]
+            with ServerProcess(root / "big", big, startup_s=1800) as srv:
+                client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+                load = Load(client, args.max_tokens)
+                load.one(big_names[0], prompts[0])
+                record(
+                    f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded",
+                    load.closed(args.clients, args.per_client, popular(big_names)),
+                )
+                mem[f"{args.big_pool}-skill pool"] = rss_mib(srv.proc.pid)
+                stats = httpx.get(srv.url + "/healthz").json()
+                print(f"  healthz: {stats}", flush=True)
 
-    print(
-        f"\nengine {args.engine}; {args.max_tokens}-token answers (ignore_eos), temperature 0; SuperNI generation prompts; "
-        f"rank-{args.rank} LoRA on q,k,v,o; SLO: TTFT <= {args.slo_ttft}s and ITL <= {args.slo_itl}s"
-    )
-    print(
-        f"{'scenario':44s} {'n':>3s} {'tok/s':>7s} {'ttft p50':>8s} {'ttft p99':>8s} {'itl p50':>7s} {'itl p99':>7s} {'e2e p50':>7s} {'goodput':>7s}"
-    )
-    for name, r in results.items():
         print(
-            f"{name:44s} {r['n']:3.0f} {r['tok_s']:7.1f} {r['ttft_p50']:8.2f} {r['ttft_p99']:8.2f} {r['itl_p50']:7.3f} "
-            f"{r['itl_p99']:7.3f} {r['e2e_p50']:7.2f} {r['goodput']:7.0%}"
-        )
-    one, many = results["base, 1 client"], results[f"base, {args.clients} clients"]
-    mixes = results[f"k=3 mixes all different, {args.clients} clients"]
-    print("\nratios (same run):")
-    print(
-        f"  {args.clients} clients vs 1: TTFT p50 {many['ttft_p50'] / one['ttft_p50']:.2f}x (target <= 4x), "
-        f"output tok/s {many['tok_s'] / one['tok_s']:.2f}x (target >= 4x)"
-    )
-    plain = results[f"base, {args.clients} clients, no prefix cache"]
-    plain_mixes = results[f"k=3 mixes all different, {args.clients} clients, no prefix cache"]
-    print(
-        f"  k=3 mixes vs base at {args.clients} clients: tok/s {mixes['tok_s'] / many['tok_s']:.2f}x "
-        f"(prefix caching on: the base rows reuse shared prompt starts, the mixes cannot); "
-        f"{plain_mixes['tok_s'] / plain['tok_s']:.2f}x with it off on both (target >= 0.9x)"
-    )
-    if args.big_pool:
-        small, bigr = (
-            results[f"popular skills, {args.skills}-skill pool"],
-            results[f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded"],
+            f"\nengine {engine}; {args.max_tokens}-token answers (ignore_eos), temperature 0; SuperNI generation prompts; "
+            f"rank-{args.rank} LoRA on q,k,v,o; SLO: TTFT <= {args.slo_ttft}s and ITL <= {args.slo_itl}s"
         )
         print(
-            f"  {args.big_pool}- vs {args.skills}-skill pool (popular skills): tok/s {bigr['tok_s'] / small['tok_s']:.2f}x "
-            "(target >= 0.95x)"
+            f"{'scenario':44s} {'n':>3s} {'tok/s':>7s} {'ttft p50':>8s} {'ttft p99':>8s} {'itl p50':>7s} {'itl p99':>7s} {'e2e p50':>7s} {'goodput':>7s}"
         )
-    print("  server RSS: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in mem.items()))
+        for name, r in results.items():
+            print(
+                f"{name:44s} {r['n']:3.0f} {r['tok_s']:7.1f} {r['ttft_p50']:8.2f} {r['ttft_p99']:8.2f} {r['itl_p50']:7.3f} "
+                f"{r['itl_p99']:7.3f} {r['e2e_p50']:7.2f} {r['goodput']:7.0%}"
+            )
+        one, many = results["base, 1 client"], results[f"base, {args.clients} clients"]
+        mixes = results[f"k=3 mixes all different, {args.clients} clients"]
+        print("\nratios (same run):")
+        print(
+            f"  {args.clients} clients vs 1: TTFT p50 {many['ttft_p50'] / one['ttft_p50']:.2f}x (target <= 4x), "
+            f"output tok/s {many['tok_s'] / one['tok_s']:.2f}x (target >= 4x)"
+        )
+        print(
+            f"  k=3 mixes vs base at {args.clients} clients: tok/s {mixes['tok_s'] / many['tok_s']:.2f}x (target >= 0.9x)"
+        )
+        plain = results.get(f"base, {args.clients} clients, no prefix cache")
+        plain_mixes = results.get(f"k=3 mixes all different, {args.clients} clients, no prefix cache")
+        if plain and plain_mixes:
+            print(
+                f"    with prefix caching off on both: {plain_mixes['tok_s'] / plain['tok_s']:.2f}x "
+                "(the base rows above reuse shared prompt starts; all-different mixes cannot)"
+            )
+        if args.big_pool:
+            small, bigr = (
+                results[f"popular skills, {args.skills}-skill pool"],
+                results[f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded"],
+            )
+            print(
+                f"  {args.big_pool}- vs {args.skills}-skill pool (popular skills): tok/s {bigr['tok_s'] / small['tok_s']:.2f}x "
+                "(target >= 0.95x)"
+            )
+        print("  server RSS: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in mem.items()))
+
+    for engine in args.engine.split(","):
+        run(engine.strip())
     return 0
 
 

@@ -64,6 +64,26 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             prefix_cache_tokens=cfg.prefix_cache_tokens,
             on_step=metrics.batch_size.observe if metrics is not None else None,
         )
+    if cfg.engine == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise SystemExit(f"--engine vllm needs vLLM: run `bash setup.sh --engine vllm` ({e})") from e
+        from .engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            base.path,
+            cfg.data_dir / "cache",
+            base_model_id=base.model_id,
+            device=cfg.device,
+            max_num_seqs=cfg.max_batch_size,
+            max_batched_tokens=cfg.max_batched_tokens,
+            max_waiting=cfg.max_waiting,
+            max_model_len=cfg.max_model_len,
+            max_loras=cfg.max_loras,
+            max_cpu_loras=cfg.max_cpu_loras,
+            max_lora_rank=cfg.max_lora_rank,
+        )
     raise ValueError(f"unknown engine {cfg.engine!r}")
 
 

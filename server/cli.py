@@ -123,6 +123,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=d.prefix_cache_tokens,
         help="keep the KV of this many prompt tokens for prompts that start alike (blocks of 16; 0: off)",
     )
+    p.add_argument("--max-loras", type=int, default=d.max_loras, help="vllm: adapters (mixes) in one batch")
+    p.add_argument("--max-cpu-loras", type=int, default=d.max_cpu_loras, help="vllm: adapters cached in host memory")
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=d.max_lora_rank,
+        help="vllm: largest mix rank (sum of its skills' ranks); larger mixes drop their smallest weights",
+    )
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len, help="vllm: context length")
     p.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     _router_arguments(p)
     p.add_argument(
@@ -211,6 +220,10 @@ def _serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         max_loaded_skills=args.max_loaded_skills,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_model_len=args.max_model_len,
         default_max_tokens=args.default_max_tokens,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,

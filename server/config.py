@@ -23,6 +23,10 @@ class ServerConfig:
     max_waiting: int = 256  # requests waiting for the engine beyond this get 429 with Retry-After
     max_loaded_skills: int | None = None  # adapters resident in the engine (LRU); None: every skill
     prefix_cache_tokens: int = 4096  # prompt KV kept for reuse by prompts that start alike (0: off)
+    max_loras: int = 4  # vllm: LoRA adapters (mixes) in one batch
+    max_cpu_loras: int | None = None  # vllm: adapters cached in host memory (None: vLLM's default, max_loras)
+    max_lora_rank: int = 64  # vllm: the largest mix rank Σ r_i; bigger mixes drop their smallest weights
+    max_model_len: int | None = None  # vllm: context length (None: the model's own)
     default_max_tokens: int = 512
     max_upload_bytes: int = 50 * 1024 * 1024
     max_upload_examples: int = 100_000

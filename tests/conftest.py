@@ -21,6 +21,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        no_vllm = pytest.mark.skip(
+            reason="vLLM is not installed: `bash setup.sh --engine vllm`, then pytest -m vllm --slow"
+        )
+        for item in items:
+            if item.get_closest_marker("vllm") is not None:
+                item.add_marker(no_vllm)
     if config.getoption("--slow") or os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         return
     skip = pytest.mark.skip(reason="slow end-to-end test: run with --slow")

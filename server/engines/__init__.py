@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from .protocol import Engine, EngineBusy, EngineEvent, EngineRequest, Mix, SamplingParams
 
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")  # vllm is imported only when chosen (bash setup.sh --engine vllm installs it)
 
 __all__ = ["ENGINES", "Engine", "EngineBusy", "EngineEvent", "EngineRequest", "Mix", "SamplingParams"]

