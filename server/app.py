@@ -21,6 +21,7 @@ from skillpool.router import Router
 from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
 from skillpool.trainer.jobs import Job, JobQueue, new_job_id
+from skillpool.trainer.records import TERMINAL, JobStatus
 
 from .admin_api import install_admin
 from .chat_api import install_chat
@@ -187,7 +188,7 @@ def create_app(c: Components) -> FastAPI:
             skill=name,
             method=method,
             config=cfg.to_dict(),
-            status="validating",
+            status=JobStatus.VALIDATING,
             examples=len(examples),
             force=force,
         )
@@ -211,7 +212,7 @@ def create_app(c: Components) -> FastAPI:
     @app.delete("/tasks/{job_id}")
     async def cancel_task(job_id: str) -> dict[str, Any]:
         job = _job(job_id)
-        if job.status in ("succeeded", "failed", "cancelled"):
+        if job.status in TERMINAL:
             raise APIError(409, f"task {job_id} already {job.status}", "id", "task_finished")
         return (c.jobs.cancel(job_id) or job).to_dict()
 

@@ -24,6 +24,7 @@ from skillpool.trainer.config import METHODS, TrainConfig
 from skillpool.trainer.continual_metrics import ap_curve, cl_metrics
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.evaluation import mean_score, metric_for
+from skillpool.trainer.records import JobStatus
 from skillpool.trainer.worker import split_examples
 
 BASELINES = ("oracle", "seq", "mtl")
@@ -132,7 +133,7 @@ def run_server_sequence(
             jobs.append(
                 {k: job.get(k) for k in ("skill", "status", "error", "eval", "progress", "started_at", "finished_at")}
             )
-            if job["status"] != "succeeded":
+            if job["status"] != JobStatus.SUCCEEDED:
                 raise RuntimeError(
                     f"training {task.name} ended {job['status']}: {job.get('error')}"
                     + ("" if args.force else " (--force registers anyway)")
