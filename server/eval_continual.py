@@ -24,7 +24,7 @@ from skillpool.trainer.config import METHODS, TrainConfig
 from skillpool.trainer.continual_metrics import ap_curve, cl_metrics
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.evaluation import mean_score, metric_for
-from skillpool.trainer.records import JobStatus
+from skillpool.trainer.records import Example, JobStatus
 from skillpool.trainer.worker import split_examples
 
 BASELINES = ("oracle", "seq", "mtl")
@@ -35,8 +35,8 @@ METRICS = ("auto", "exact_match", "rouge_l")
 class Task:
     name: str
     train_body: bytes  # the JSONL rows uploaded
-    train: list[dict[str, Any]]  # the rows the server trains on (its split), for the in-process baselines
-    test: list[dict[str, Any]]
+    train: list[Example]  # the rows the server trains on (its split), for the in-process baselines
+    test: list[Example]
     metric: str
     budget: int = 16  # max new tokens when answering
 

@@ -25,10 +25,9 @@ from skillpool.adapters_store.store import SkillRecord
 from .config import TrainConfig
 from .lora_train import Cancelled, Progress
 from .quality import QualityGateFailed
-from .records import PENDING, TERMINAL, JobStatus
+from .records import PENDING, TERMINAL, Example, JobStatus
 
 log = logging.getLogger(__name__)
-Example = dict[str, Any]
 
 
 @dataclass

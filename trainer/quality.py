@@ -26,8 +26,7 @@ from skillpool.router import Router
 from .config import TrainConfig
 from .evaluation import mean_score, metric_for, score
 from .judge import Judge
-
-Example = dict[str, Any]
+from .records import Example
 
 
 class QualityGateFailed(Exception):

@@ -6,6 +6,7 @@ Kept free of heavy imports (no torch) so that a client such as `skillpool upload
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypedDict
 
 
 class JobStatus(str, Enum):
@@ -28,3 +29,16 @@ class JobStatus(str, Enum):
 
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 PENDING = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+
+
+class Example(TypedDict):
+    """One normalized training or evaluation row (trainer.datasets.parse_jsonl builds it).
+
+    A TypedDict, not a dataclass: examples travel as JSON (Redis job data, stored replay samples) and the
+    training code indexes them as dicts, so the runtime shape stays a plain dict.
+    """
+
+    messages: list[dict[str, str]]  # the prompt: every message before the learned assistant answer
+    answer: str
+    route_text: str  # what the router sees
+    route_input: str  # the routed text without the instruction (format gate, input keys)

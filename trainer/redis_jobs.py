@@ -21,9 +21,9 @@ import redis
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
-from .jobs import Example, Job, Runner, run_job
+from .jobs import Job, Runner, run_job
 from .keys import DEFAULT_PREFIX, RedisKeys
-from .records import TERMINAL, JobStatus
+from .records import TERMINAL, Example, JobStatus
 
 log = logging.getLogger(__name__)
 

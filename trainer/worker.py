@@ -34,9 +34,14 @@ from .kif import KIFSettings, fit_kif, init_from_blocks
 from .lora_train import Progress, add_lora, encode_example, fit_config, pad_id, save_adapter
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
+from .records import Example
 
 log = logging.getLogger(__name__)
-Example = dict[str, Any]
+
+
+def _as_dicts(examples: list[Example]) -> list[dict[str, Any]]:
+    """lora_train, kif and attentive still type an example as a plain dict (their loops are unified apart)."""
+    return cast(list[dict[str, Any]], examples)
 
 
 def split_examples(
@@ -137,7 +142,7 @@ class SkillTrainer:
                     model,
                     tok,
                     name,
-                    train,
+                    _as_dicts(train),
                     held_texts,
                     cfg,
                     warm,
@@ -164,7 +169,7 @@ class SkillTrainer:
                 if method == "kif":
                     training["kif"] = self._train_kif(name, peft_model, tok, train, cfg, on_progress, should_stop)
                 else:
-                    fit_config(peft_model, tok, train, cfg, on_progress, should_stop)
+                    fit_config(peft_model, tok, _as_dicts(train), cfg, on_progress, should_stop)
                 save_adapter(peft_model, folder, self.base.model_id)
                 model = cast(Any, peft_model).unload()  # the plain base model again, for the gate's routed generation
             attention = router_meta.get("sapt_attention")
@@ -219,7 +224,7 @@ class SkillTrainer:
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in earlier for e in rec.replay()]
         fit_kif(
             peft_model,
-            [encode_example(tok, e, cfg.max_seq_len) for e in train],
+            [encode_example(tok, e, cfg.max_seq_len) for e in _as_dicts(train)],
             memory,
             pad_id(tok),
             epochs=cfg.epochs,
