@@ -55,7 +55,7 @@ class Baselines:
         self.tokens += last[0]
 
     def score(self, peft_model: Any, task: Task) -> float:
-        from skillpool.trainer.evaluation import generate_greedy
+        from skillpool.trainer.scoring import generate_greedy
 
         return task.score(generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
 

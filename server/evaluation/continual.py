@@ -22,8 +22,8 @@ from typing import Any
 
 from skillpool.trainer.config import METHODS, TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
-from skillpool.trainer.evaluation import mean_score, metric_for
 from skillpool.trainer.records import Example, JobStatus
+from skillpool.trainer.scoring import mean_score, metric_for
 from skillpool.trainer.worker import split_examples
 
 from .baselines import Baselines
