@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from .dtkr import split_groups
-from .formats import FormatModel
 from .keys import calibrate_threshold
-from .needs import FieldModel, LabelIndex, LabelModel
-from .types import CENTROID, DTKR, RouterSettings, _flat_groups, _rows, _SkillKeys, whitening
+from .modes import RouterMode
+from .needs import LabelIndex
+from .types import _flat_groups, _SkillKeys, whitening
 
 
 @dataclass(frozen=True)
@@ -32,46 +32,20 @@ class KeyIndex:
     known_fields: np.ndarray  # the typical input fields of all skills (router.needs)
 
 
-def search_keys(tensors: dict[str, torch.Tensor], settings: RouterSettings) -> _SkillKeys:
-    """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
-    fmt, labels = FormatModel.from_tensors(tensors), LabelModel.from_tensors(tensors)
-    fields = FieldModel.from_tensors(tensors)
-    if settings.mode in ("centroid", "sapt"):
-        return _SkillKeys(
-            _rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt, labels=labels, fields=fields
-        )
-    g = settings.dtkr.groups
-    if DTKR in tensors:
-        sub, thr = tensors[DTKR].float(), float(tensors["threshold_dtkr"][0])
-        if sub.shape[1] != g:
-            raise ValueError(f"skill keys have {sub.shape[1]} groups, the router is set to {g}")
-    else:  # a skill stored without DTKR keys: its centroids as sub-keys
-        sub, thr = split_groups(tensors[CENTROID].float(), g), float(tensors["threshold"][0])
-    cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
-    count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
-    calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
-    return _SkillKeys(_flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt, labels, fields)
-
-
 def white_rows(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
     return _flat_groups(split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), groups))
 
 
-def query_vectors(emb: np.ndarray, settings: RouterSettings) -> np.ndarray:
-    if settings.mode in ("centroid", "sapt"):
-        return emb
-    return _flat_groups(split_groups(torch.from_numpy(emb), settings.dtkr.groups))
-
-
-def build_index(skills: Mapping[str, _SkillKeys], dim: int, settings: RouterSettings) -> KeyIndex:
-    """New indexes from all skills' keys."""
+def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) -> KeyIndex:
+    """New indexes from all skills' keys (in the mode's search space)."""
+    settings = mode.settings
     index = faiss.IndexFlatIP(dim)
     owners: list[str] = []
     for name, sk in skills.items():
         index.add(sk.vectors)
         owners.extend([name] * len(sk.vectors))
     mix_index, white, white_thr = None, None, {}
-    if settings.mode == "dtkr" and settings.whiten and skills:
+    if mode.whitened and skills:
         d, n, m, total = dim, 0, 0, torch.zeros(dim, dim, dtype=torch.float64)
         for sk in skills.values():
             if sk.cov is not None:  # a running sum: no (skills, d, d) stack at 1,000 skills

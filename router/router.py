@@ -43,8 +43,9 @@ import torch
 from .demand import FallbackClusters
 from .embedder import Embedder
 from .formats import accepts_each
-from .index import KeyIndex, build_index, query_vectors, search_keys, white_rows
+from .index import KeyIndex, build_index, white_rows
 from .mix import sapt_decision, slot_weights, top_mix
+from .modes import RouterMode, mode_for
 from .needs import fields_accept_each, labels_accept_each, option_ids, request_grams
 from .prepare import skill_tensors
 from .sapt import SAPTState, TokenPooler
@@ -60,7 +61,8 @@ class Router:
     pooler: TokenPooler | None = None  # the base model's token embeddings; sapt mode only
 
     def __post_init__(self) -> None:
-        if self.settings.mode == "sapt" and self.pooler is None:
+        self.mode: RouterMode = mode_for(self.settings)  # chosen once; the rest asks it, not its name
+        if self.mode.learns_projector and self.pooler is None:
             raise ValueError("router mode sapt needs the base model's token embeddings (a TokenPooler)")
         self._keys: KeyIndex  # swapped whole by _rebuild
         self._skills: dict[str, _SkillKeys] = {}
@@ -135,14 +137,14 @@ class Router:
 
     def _rebuild(self) -> None:
         """New indexes from all skills (under the lock); a concurrent route keeps the old ones."""
-        self._keys = build_index(self._skills, self.embedder.dim, self.settings)
+        self._keys = build_index(self._skills, self.embedder.dim, self.mode)
         self._dirty = False
 
     def add_skill(
         self, name: str, tensors: dict[str, torch.Tensor], sapt_attention: dict[str, float] | None = None
     ) -> None:
         """Register (or replace) a skill's keys; `sapt_attention` is its stored mean attention ā (sapt)."""
-        sk = search_keys(tensors, self.settings)
+        sk = self.mode.search_keys(tensors)
         with self._lock:
             if "sapt_key" in tensors:
                 self._sapt_tensors.pop(name, None)
@@ -175,7 +177,7 @@ class Router:
     # --- routing ------------------------------------------------------------------------------
     def features(self, texts: Sequence[str]) -> Features:
         """Everything routing needs from a batch of texts, computed in one batch."""
-        pooled = self.pooler(texts) if self.settings.mode == "sapt" and self.pooler is not None else None
+        pooled = self.pooler(texts) if self.mode.learns_projector and self.pooler is not None else None
         grams = [request_grams(t) for t in texts] if self.settings.format.enabled else None
         options = [option_ids(t) for t in texts] if self.settings.format.enabled else None
         return Features(self.embedder.embed(texts), pooled, grams, options)
@@ -205,9 +207,7 @@ class Router:
             index, owners = self._keys.index, self._keys.owners
         if not owners or not len(emb):
             return [[] for _ in range(len(emb))]
-        scores, ids = index.search(
-            query_vectors(np.ascontiguousarray(emb, dtype=np.float32), self.settings), len(owners)
-        )
+        scores, ids = index.search(self.mode.query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), len(owners))
         out = []
         for sc, ix in zip(scores, ids):
             best: dict[str, float] = {}
@@ -238,7 +238,7 @@ class Router:
             return [Decision(route=[], reason="no_skills") for _ in range(n)]
         s = self.settings
         k = min(s.top_k, len(owners))
-        sapt = s.mode == "sapt"
+        sapt = self.mode.learns_projector
         if sapt and f.pooled is None:
             raise ValueError("router mode sapt routes on pooled token embeddings: use features()/route()")
         grams = f.grams if s.format.enabled and open_set else None
@@ -248,7 +248,7 @@ class Router:
         emb = np.ascontiguousarray(f.emb, dtype=np.float32)
         # raw key scores: the gate, and also the mix unless whitened scores or SAPT attention make it
         raw_depth = depth if grams is not None or (mix_index is None and not sapt) else 1
-        scores, ids = index.search(query_vectors(emb, s), raw_depth)
+        scores, ids = index.search(self.mode.query_vectors(emb), raw_depth)
         m_scores, m_ids = (
             mix_index.search(white_rows(emb, white, s.dtkr.groups), depth)
             if mix_index is not None and white is not None

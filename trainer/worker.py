@@ -122,7 +122,7 @@ class SkillTrainer:
         training: dict[str, Any] = {"method": method, "config": cfg.to_dict()}
         model, tok = self._load_base()
         pseudo: list[str] = []
-        if self.router.settings.mode == "sapt" and self.router.settings.sapt.replay == "pseudo":
+        if self.router.mode.learns_projector and self.router.settings.sapt.replay == "pseudo":
             # this skill's own pseudo inputs, replayed when later skills learn
             pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
         with tempfile.TemporaryDirectory(prefix="skillpool-block-") as tmp:
@@ -159,7 +159,7 @@ class SkillTrainer:
                 router_tensors.update(result.state.skill_tensors(name))
                 router_meta["sapt_attention"] = result.state.mean_attention[name]
             else:
-                if self.router.settings.mode == "sapt":  # the block trains alone; the router still learns its key
+                if self.router.mode.learns_projector:  # the block trains alone; the router still learns its key
                     tensors, mean_attention = self.router.prepare_sapt(
                         name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name)
                     )

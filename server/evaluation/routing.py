@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from skillpool.router.embedder import CachedEmbedder, Embedder, SentenceEmbedder
+from skillpool.router.modes import mode_class
 from skillpool.router.router import MODES, Decision, Features, Router, RouterSettings
 from skillpool.router.sapt import POOLS, SAPTSettings, TokenPooler
 
@@ -35,7 +36,7 @@ def _learn(router: Router, task: Task, train: Features, replay: dict[str, torch.
     name = task.name
     tensors = router.prepare_keys_from_embeddings(train.emb, task.train, task.train_inputs, task.train_answers)
     attention = None
-    if router.settings.mode == "sapt":
+    if router.mode.learns_projector:
         assert train.pooled is not None
         n_held = max(1, int(len(train.pooled) * held_fraction))  # ā is measured on held-out inputs, as SAPT does
         sapt, attention = router.prepare_sapt_pooled(name, train.pooled[n_held:], train.pooled[:n_held], replay)
@@ -231,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--instructions {args.instructions} has no paraphrases for {', '.join(missing)}")
     tasks = [load_task(f, args.text, args.train_limit, args.test_limit, para.get(f.name)) for f in args.tasks]
     pooler = None
-    if args.router == "sapt":
+    if mode_class(args.router).learns_projector:
         from skillpool.adapters_store.base_model import resolve_base_model
 
         pooler = TokenPooler.from_checkpoint(
