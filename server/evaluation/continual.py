@@ -37,6 +37,8 @@ METRICS = ("auto", "exact_match", "rouge_l")
 
 @dataclass
 class Task:
+    """A task as `eval continual` sees it: the uploaded rows and the normalized examples to score."""
+
     name: str
     train_body: bytes  # the JSONL rows uploaded
     train: list[Example]  # the rows the server trains on (its split), for the in-process baselines

@@ -26,6 +26,8 @@ TEXT_MODES = ("with-instruction", "input-only", "system-message")
 
 @dataclass
 class Task:
+    """A task as `eval routing` sees it: the routed texts of its rows."""
+
     name: str
     train: list[str]
     test: list[str]
