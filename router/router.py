@@ -7,20 +7,21 @@ Modes (a server setting; every skill stores the tensors of all key-based modes, 
   sapt      a learned query projector over the base model's token embeddings (router.sapt)
 For dtkr and centroid, all skills' keys live in one FAISS inner-product index over unit vectors. A
 request takes the top-k slots over all skills; a temperature softmax over their scores, summed per
-skill, gives the mix (JARe). If the best score is below the best skill's calibrated threshold the
-request goes to the base model and counts as a fallback. SAPT's softmax has no "none of these", so in
-sapt mode the same calibrated centroid-key test is the open-set gate and the SAPT attention is the mix.
+skill, gives the mix (JARe, router.mix). If the best score is below the best skill's calibrated
+threshold the request goes to the base model and counts as a fallback. SAPT's softmax has no "none of
+these", so in sapt mode the same calibrated centroid-key test is the open-set gate and the SAPT
+attention is the mix.
 
-Whitening (dtkr, `whiten`): MiniLM embeddings of different tasks share a few dominant directions
-(template words, length), so raw cosines separate look-alike tasks badly (amazon vs yelp, mnli vs
-cb). Every skill stores the covariance of its own input embeddings; the router pools them (the
-within-skill covariance, shrunk towards a multiple of I) and maps queries and keys through W = Σ^-½
-before grouping. No skill ever sees another skill's data. The open-set gate is taken in the same
-space: W changes as skills arrive, so each skill keeps a small sample of its own input embeddings and
-its threshold (a low percentile of that sample's best score against its own keys, minus a margin) is
-recomputed whenever W is. That sample was also fitted by the keys, so it is only trusted for skills
-learned from enough inputs (`white_gate_min_inputs`); other skills are gated on their held-out raw-score
-threshold.
+Whitening (dtkr, `whiten`, built with the indexes in router.index): MiniLM embeddings of different tasks
+share a few dominant directions (template words, length), so raw cosines separate look-alike tasks badly
+(amazon vs yelp, mnli vs cb). Every skill stores the covariance of its own input embeddings; the router
+pools them (the within-skill covariance, shrunk towards a multiple of I) and maps queries and keys
+through W = Σ^-½ before grouping. No skill ever sees another skill's data. The open-set gate is taken in
+the same space: W changes as skills arrive, so each skill keeps a small sample of its own input
+embeddings and its threshold (a low percentile of that sample's best score against its own keys, minus a
+margin) is recomputed whenever W is. That sample was also fitted by the keys, so it is only trusted for
+skills learned from enough inputs (`white_gate_min_inputs`); other skills are gated on their held-out
+raw-score threshold.
 
 Format gate (router.formats, every mode): input similarity cannot reject an unseen task whose inputs
 look like a seen sibling's (yelp vs amazon), but the prompt's fixed text (instruction, label options,
@@ -36,30 +37,19 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import faiss
 import numpy as np
 import torch
 
 from .demand import FallbackClusters
-from .dtkr import split_groups
 from .embedder import Embedder
-from .formats import FormatModel, accepts_each
-from .keys import calibrate_threshold
-from .needs import FieldModel, LabelIndex, LabelModel, fields_accept_each, labels_accept_each, option_ids, request_grams
+from .formats import accepts_each
+from .index import KeyIndex, build_index, white_rows
+from .mix import sapt_decision, slot_weights, top_mix
+from .modes import RouterMode, mode_for
+from .needs import fields_accept_each, labels_accept_each, option_ids, request_grams
 from .prepare import skill_tensors
 from .sapt import SAPTState, TokenPooler
-from .types import (
-    CENTROID,
-    DTKR,
-    MODES,
-    Decision,
-    Features,
-    RouterSettings,
-    _flat_groups,
-    _rows,
-    _SkillKeys,
-    whitening,
-)
+from .types import CENTROID, DTKR, MODES, Decision, Features, RouterSettings, _SkillKeys, whitening
 
 __all__ = ["CENTROID", "DTKR", "MODES", "Decision", "Features", "Router", "RouterSettings", "whitening"]
 
@@ -71,15 +61,12 @@ class Router:
     pooler: TokenPooler | None = None  # the base model's token embeddings; sapt mode only
 
     def __post_init__(self) -> None:
-        if self.settings.mode == "sapt" and self.pooler is None:
+        self.mode: RouterMode = mode_for(self.settings)  # chosen once; the rest asks it, not its name
+        if self.mode.learns_projector and self.pooler is None:
             raise ValueError("router mode sapt needs the base model's token embeddings (a TokenPooler)")
-        self._index: faiss.Index  # gate (and, unwhitened, the mix): raw key rows
-        self._mix_index: faiss.Index | None = None  # whitened dtkr keys
-        self._white: np.ndarray | None = None
-        self._owners: list[str]
+        self._keys: KeyIndex  # swapped whole by _rebuild
         self._skills: dict[str, _SkillKeys] = {}
         self._dirty = False
-        self._white_thr: dict[str, float] = {}  # whitened gate thresholds, re-derived with W
         self._sapt_tensors: dict[str, dict[str, torch.Tensor]] = {}
         self._sapt_attention: dict[str, dict[str, float]] = {}
         self._sapt: SAPTState | None = None
@@ -148,47 +135,16 @@ class Router:
                 )
             return self._sapt
 
-    def _search_keys(self, tensors: dict[str, torch.Tensor]) -> _SkillKeys:
-        """The skill's keys as unit rows of the mode's search space (inner product = slot score)."""
-        fmt, labels = FormatModel.from_tensors(tensors), LabelModel.from_tensors(tensors)
-        fields = FieldModel.from_tensors(tensors)
-        if self.settings.mode in ("centroid", "sapt"):
-            return _SkillKeys(
-                _rows(tensors[CENTROID].float()), float(tensors["threshold"][0]), fmt=fmt, labels=labels, fields=fields
-            )
-        g = self.settings.dtkr.groups
-        if DTKR in tensors:
-            sub, thr = tensors[DTKR].float(), float(tensors["threshold_dtkr"][0])
-            if sub.shape[1] != g:
-                raise ValueError(f"skill keys have {sub.shape[1]} groups, the router is set to {g}")
-        else:  # a skill stored without DTKR keys: its centroids as sub-keys
-            sub, thr = split_groups(tensors[CENTROID].float(), g), float(tensors["threshold"][0])
-        cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
-        count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
-        calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
-        return _SkillKeys(
-            _flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt, labels, fields
-        )
-
-    @property
-    def _whitened(self) -> bool:
-        return self.settings.mode == "dtkr" and self.settings.whiten
-
-    def _white_rows(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return _flat_groups(
-            split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), self.settings.dtkr.groups)
-        )
-
-    def _query_vectors(self, emb: np.ndarray) -> np.ndarray:
-        if self.settings.mode in ("centroid", "sapt"):
-            return emb
-        return _flat_groups(split_groups(torch.from_numpy(emb), self.settings.dtkr.groups))
+    def _rebuild(self) -> None:
+        """New indexes from all skills (under the lock); a concurrent route keeps the old ones."""
+        self._keys = build_index(self._skills, self.embedder.dim, self.mode)
+        self._dirty = False
 
     def add_skill(
         self, name: str, tensors: dict[str, torch.Tensor], sapt_attention: dict[str, float] | None = None
     ) -> None:
         """Register (or replace) a skill's keys; `sapt_attention` is its stored mean attention ā (sapt)."""
-        sk = self._search_keys(tensors)
+        sk = self.mode.search_keys(tensors)
         with self._lock:
             if "sapt_key" in tensors:
                 self._sapt_tensors.pop(name, None)
@@ -216,50 +172,12 @@ class Router:
         with self._lock:
             if self._dirty:
                 self._rebuild()
-            return self._white
-
-    def _rebuild(self) -> None:
-        """New indexes from all skills (under the lock); a concurrent route keeps the old ones."""
-        index = faiss.IndexFlatIP(self.embedder.dim)
-        owners: list[str] = []
-        for name, sk in self._skills.items():
-            index.add(sk.vectors)
-            owners.extend([name] * len(sk.vectors))
-        mix_index, white, white_thr = None, None, {}
-        if self._whitened and self._skills:
-            d, n, m, total = (
-                self.embedder.dim,
-                0,
-                0,
-                torch.zeros(self.embedder.dim, self.embedder.dim, dtype=torch.float64),
-            )
-            for sk in self._skills.values():
-                if sk.cov is not None:  # a running sum: no (skills, d, d) stack at 1,000 skills
-                    total += sk.cov.double()
-                    n, m = n + sk.count, m + 1
-            lam = self.settings.whiten_shrinkage if self.settings.whiten_shrinkage is not None else d / (d + n)
-            white = whitening((total / m).numpy(), lam) if m else np.eye(d, dtype=np.float32)
-            mix_index = faiss.IndexFlatIP(self.embedder.dim)
-            s = self.settings
-            for name, sk in self._skills.items():
-                assert sk.raw is not None
-                keys = self._white_rows(sk.raw, white)
-                mix_index.add(keys)
-                if sk.calib is not None and len(sk.calib) and sk.count >= s.white_gate_min_inputs:
-                    best = (self._white_rows(sk.calib, white) @ keys.T).max(axis=1)
-                    white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_threshold_margin)
-        self._index, self._mix_index, self._white, self._owners = index, mix_index, white, owners
-        self._white_thr = white_thr
-        lab = {n: sk.labels for n, sk in self._skills.items() if sk.labels is not None}
-        self._labels = LabelIndex(lab, self.settings.labels.min_foreign) if self.settings.labels.min_foreign else None
-        typical = [sk.fields.typical for sk in self._skills.values() if sk.fields is not None]
-        self._known_fields = np.unique(np.concatenate(typical)) if typical else np.zeros(0, np.int64)
-        self._dirty = False
+            return self._keys.white
 
     # --- routing ------------------------------------------------------------------------------
     def features(self, texts: Sequence[str]) -> Features:
         """Everything routing needs from a batch of texts, computed in one batch."""
-        pooled = self.pooler(texts) if self.settings.mode == "sapt" and self.pooler is not None else None
+        pooled = self.pooler(texts) if self.mode.learns_projector and self.pooler is not None else None
         grams = [request_grams(t) for t in texts] if self.settings.format.enabled else None
         options = [option_ids(t) for t in texts] if self.settings.format.enabled else None
         return Features(self.embedder.embed(texts), pooled, grams, options)
@@ -286,10 +204,10 @@ class Router:
         with self._lock:
             if self._dirty:
                 self._rebuild()
-            index, owners = self._index, self._owners
+            index, owners = self._keys.index, self._keys.owners
         if not owners or not len(emb):
             return [[] for _ in range(len(emb))]
-        scores, ids = index.search(self._query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), len(owners))
+        scores, ids = index.search(self.mode.query_vectors(np.ascontiguousarray(emb, dtype=np.float32)), len(owners))
         out = []
         for sc, ix in zip(scores, ids):
             best: dict[str, float] = {}
@@ -312,20 +230,15 @@ class Router:
         with self._lock:
             if self._dirty:
                 self._rebuild()
-            index, mix_index, white, owners, skills = (
-                self._index,
-                self._mix_index,
-                self._white,
-                self._owners,
-                dict(self._skills),
-            )
-            white_thr, label_index, known_fields = self._white_thr, self._labels, self._known_fields
+            keys, skills = self._keys, dict(self._skills)
+        index, mix_index, white, owners = keys.index, keys.mix_index, keys.white, keys.owners
+        white_thr, label_index, known_fields = keys.white_thr, keys.labels, keys.known_fields
         n = len(f.emb)
         if not owners:
             return [Decision(route=[], reason="no_skills") for _ in range(n)]
         s = self.settings
         k = min(s.top_k, len(owners))
-        sapt = s.mode == "sapt"
+        sapt = self.mode.learns_projector
         if sapt and f.pooled is None:
             raise ValueError("router mode sapt routes on pooled token embeddings: use features()/route()")
         grams = f.grams if s.format.enabled and open_set else None
@@ -335,9 +248,9 @@ class Router:
         emb = np.ascontiguousarray(f.emb, dtype=np.float32)
         # raw key scores: the gate, and also the mix unless whitened scores or SAPT attention make it
         raw_depth = depth if grams is not None or (mix_index is None and not sapt) else 1
-        scores, ids = index.search(self._query_vectors(emb), raw_depth)
+        scores, ids = index.search(self.mode.query_vectors(emb), raw_depth)
         m_scores, m_ids = (
-            mix_index.search(self._white_rows(emb, white), depth)
+            mix_index.search(white_rows(emb, white, s.dtkr.groups), depth)
             if mix_index is not None and white is not None
             else (scores, ids)
         )
@@ -375,44 +288,14 @@ class Router:
             if open_set and best < threshold:
                 out.append(Decision(route=[], reason="below_threshold", score=best))
             elif state is not None and attention is not None:
-                out.append(self._sapt_decision(state.names, attention[i], best, rejected))
+                out.append(sapt_decision(state.names, attention[i], best, rejected, s))
             else:
                 top = keep[:k]
                 out.append(
                     Decision(
-                        route=self._mix(self._slot_weights(m_scores[i][top], m_ids[i][top], owners)),
+                        route=top_mix(slot_weights(m_scores[i][top], m_ids[i][top], owners, s.temperature), s),
                         reason="matched",
                         score=best,
                     )
                 )
         return out
-
-    def _sapt_decision(self, names: list[str], attention: np.ndarray, best: float, rejected: set[str]) -> Decision:
-        if not names:
-            return Decision(route=[], reason="no_skills", score=best)
-        if rejected:  # skills the format gate turned down get no share of the attention
-            attention = np.where([nm in rejected for nm in names], 0.0, attention)
-        top = np.argpartition(-attention, min(self.settings.top_k, len(names)) - 1)[
-            : self.settings.top_k
-        ]  # O(n), not a sort
-        return Decision(
-            route=self._mix({names[j]: float(attention[j]) for j in top if attention[j] > 0}),
-            reason="matched",
-            score=best,
-        )
-
-    def _slot_weights(self, scores: np.ndarray, ids: np.ndarray, owners: list[str]) -> dict[str, float]:
-        """JARe: temperature softmax over the retrieved slots' scores, summed per skill."""
-        p = np.exp((scores - scores.max()) / self.settings.temperature)
-        p /= p.sum()
-        per_skill: dict[str, float] = {}
-        for j, w in zip(ids, p):
-            per_skill[owners[j]] = per_skill.get(owners[j], 0.0) + float(w)
-        return per_skill
-
-    def _mix(self, per_skill: dict[str, float]) -> list[tuple[str, float]]:
-        """Keep the top-k skills with at least min_weight, renormalized, heaviest first."""
-        top = sorted(per_skill.items(), key=lambda sw: -sw[1])[: self.settings.top_k]
-        kept = {s: w for s, w in top if w >= self.settings.min_weight} or dict(top[:1])
-        total = sum(kept.values())
-        return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])

@@ -1,26 +1,21 @@
-"""FastAPI app: /v1/models, /tasks, /healthz, /metrics; the chat route lives in chat_api."""
+"""FastAPI app: the components, /v1/models, /healthz and /metrics; the chat, task and admin routes are
+installed from chat_api, tasks_api and admin_api."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.datastructures import UploadFile
 
 from skillpool.adapters_store.base_model import BaseModel
-from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
-from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
-from skillpool.trainer.datasets import DatasetError, parse_jsonl
-from skillpool.trainer.jobs import Job, JobQueue, new_job_id
+from skillpool.trainer.jobs import JobQueue
 
 from .admin_api import install_admin
 from .chat_api import install_chat
@@ -31,6 +26,7 @@ from .metrics import Metrics
 from .middleware import AuthAndCount
 from .routing import RoutingStage
 from .skills import SkillPool
+from .tasks_api import install_tasks
 
 log = logging.getLogger(__name__)
 
@@ -120,99 +116,6 @@ def create_app(c: Components) -> FastAPI:
 
     install_chat(app, c)
 
-    # --- tasks --------------------------------------------------------------------------------
-    @app.post("/tasks", status_code=202)
-    async def create_task(request: Request) -> JSONResponse:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > c.cfg.max_upload_bytes + 64 * 1024:
-            raise APIError(413, f"upload is larger than {c.cfg.max_upload_bytes} bytes", "file", "file_too_large")
-        ctype = request.headers.get("content-type", "")
-        if not ctype.startswith("multipart/form-data"):
-            raise APIError(
-                400,
-                "POST /tasks takes multipart/form-data with fields 'file' (JSONL) and 'name'",
-                None,
-                "invalid_content_type",
-            )
-        form = await request.form(max_part_size=c.cfg.max_upload_bytes + 1)
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise APIError(400, "missing multipart field 'file' (a JSONL dataset)", "file", "missing_file")
-        name_raw = form.get("name")
-        if not isinstance(name_raw, str):
-            raise APIError(400, "missing multipart field 'name' (the skill name)", "name", "missing_name")
-        try:
-            name = validate_skill_name(name_raw)
-        except InvalidSkillName as e:
-            raise APIError(400, str(e), "name", "invalid_name") from None
-        if name == c.base.model_id:
-            raise APIError(400, f"skill name {name!r} is the base model's id", "name", "invalid_name")
-        method = form.get("method") or DEFAULT_METHOD
-        if not isinstance(method, str) or (problem := method_error(method, c.router.settings.mode)):
-            raise APIError(400, problem or "method must be a string", "method", "invalid_method")
-        force_raw = form.get("force") or "false"
-        if not isinstance(force_raw, str) or force_raw.lower() not in ("true", "false", "1", "0"):
-            raise APIError(400, f"force must be true or false, got {force_raw!r}", "force", "invalid_force")
-        force = force_raw.lower() in ("true", "1")
-        raw_cfg = form.get("config")
-        try:
-            cfg_obj = json.loads(raw_cfg) if isinstance(raw_cfg, str) and raw_cfg.strip() else {}
-        except json.JSONDecodeError as e:
-            raise APIError(400, f"config is not valid JSON: {e.msg}", "config", "invalid_config") from None
-        if not isinstance(cfg_obj, dict):
-            raise APIError(400, "config must be a JSON object of hyperparameters", "config", "invalid_config")
-        try:
-            cfg = TrainConfig.from_dict(cfg_obj)
-        except ConfigError as e:
-            raise APIError(400, str(e), e.param, "invalid_config") from None
-        data = await upload.read(c.cfg.max_upload_bytes + 1)
-        if len(data) > c.cfg.max_upload_bytes:
-            raise APIError(413, f"upload is larger than {c.cfg.max_upload_bytes} bytes", "file", "file_too_large")
-        try:
-            examples = await asyncio.to_thread(parse_jsonl, data, c.cfg.min_upload_examples, c.cfg.max_upload_examples)
-        except DatasetError as e:
-            raise APIError(
-                400,
-                str(e),
-                "file",
-                "invalid_dataset",
-                errors=[{"line": x.line, "field": x.field, "message": x.message} for x in e.errors],
-            ) from None
-        if c.jobs.depth() >= c.cfg.max_pending_jobs:
-            raise APIError(
-                429, f"{c.jobs.depth()} training jobs are already pending; retry later", None, "too_many_jobs"
-            )
-        job = Job(
-            id=new_job_id(),
-            skill=name,
-            method=method,
-            config=cfg.to_dict(),
-            status="validating",
-            examples=len(examples),
-            force=force,
-        )
-        c.jobs.submit(job, examples, cfg)
-        return JSONResponse(job.to_dict(), status_code=202)
-
-    @app.get("/tasks")
-    async def list_tasks() -> dict[str, Any]:
-        return {"object": "list", "data": [j.to_dict() for j in c.jobs.list()]}
-
-    def _job(job_id: str) -> Job:
-        job = c.jobs.get(job_id)
-        if job is None:
-            raise APIError(404, f"no task with id {job_id!r}", "id", "task_not_found")
-        return job
-
-    @app.get("/tasks/{job_id}")
-    async def get_task(job_id: str) -> dict[str, Any]:
-        return _job(job_id).to_dict()
-
-    @app.delete("/tasks/{job_id}")
-    async def cancel_task(job_id: str) -> dict[str, Any]:
-        job = _job(job_id)
-        if job.status in ("succeeded", "failed", "cancelled"):
-            raise APIError(409, f"task {job_id} already {job.status}", "id", "task_finished")
-        return (c.jobs.cancel(job_id) or job).to_dict()
+    install_tasks(app, c)
 
     return app

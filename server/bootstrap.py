@@ -9,6 +9,7 @@ from skillpool.adapters_store.base_model import BaseModel, resolve_base_model
 from skillpool.adapters_store.store import SkillRecord, SkillStore
 from skillpool.router import Router, RouterSettings, TokenPooler
 from skillpool.router.embedder import Embedder, SentenceEmbedder
+from skillpool.router.modes import mode_class
 from skillpool.trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
 from skillpool.trainer.redis_jobs import RedisJobQueue
 from skillpool.trainer.worker import SkillTrainer
@@ -43,7 +44,7 @@ def make_router(
     """The router for these settings (MiniLM on `device`); sapt also reads the base model's token-embedding table."""
     pooler = (
         TokenPooler.from_checkpoint(base.path, settings.sapt.max_tokens, settings.sapt.pool)
-        if settings.mode == "sapt"
+        if mode_class(settings.mode).learns_projector
         else None
     )
     return Router(embedder or SentenceEmbedder(device=device), settings, pooler)

@@ -259,24 +259,24 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="benchmarks that are part of the product").add_subparsers(
         dest="what", required=True
     )
-    from skillpool.router.evaluation import add_arguments as routing_arguments
+    from .evaluation.routing import add_arguments as routing_arguments
 
     routing_arguments(
         ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each")
     )
-    from .eval_continual import add_arguments as continual_arguments
+    from .evaluation.continual import add_arguments as continual_arguments
 
     continual_help = "learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines"
     continual_arguments(ev.add_parser("continual", help=continual_help))
     args = parser.parse_args(argv)
     if args.command == "eval" and args.what == "routing":
-        from skillpool.router.evaluation import run as run_routing
+        from .evaluation.routing import run as run_routing
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         run_routing(args)
         return 0
     if args.command == "eval" and args.what == "continual":
-        from .eval_continual import run as run_continual
+        from .evaluation.continual import run as run_continual
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         run_continual(args)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from skillpool.router import RouterSettings
+from skillpool.trainer.keys import DEFAULT_PREFIX
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,6 @@ class ServerConfig:
     min_upload_examples: int = 10
     max_pending_jobs: int = 16  # uploads beyond this get 429
     redis_url: str | None = None  # job queue + skill events in Redis (trainer workers on other machines)
-    redis_prefix: str = "skillpool"
+    redis_prefix: str = DEFAULT_PREFIX
     run_trainer: bool = True  # False: this server only enqueues; `skillpool worker` processes train
     router: RouterSettings = field(default_factory=RouterSettings)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+from skillpool.trainer.records import TERMINAL, JobStatus
 
 
 def follow(
@@ -71,4 +71,4 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_wait:
         job = follow(args.url, job["id"], f"{args.name} ({job['method']})", headers)
     print(json.dumps(job, indent=2))
-    return 0 if args.no_wait or job["status"] == "succeeded" else 1
+    return 0 if args.no_wait or job["status"] == JobStatus.SUCCEEDED else 1

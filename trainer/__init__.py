@@ -1,1 +1,1 @@
-"""Turning uploaded task datasets into skills: validation, job queue, training, keys, evaluation."""
+"""Turning uploaded task datasets into skills: validation, job queue, training, keys, answer scoring."""

@@ -17,6 +17,8 @@ from typing import Any
 
 from skillpool.router.texts import route_text
 
+from .records import Example
+
 __all__ = ["DatasetError", "Example", "LineError", "parse_jsonl", "route_text"]
 
 ROLES = frozenset({"system", "developer", "user", "assistant"})
@@ -42,9 +44,6 @@ class DatasetError(ValueError):
         shown = "; ".join(str(e) for e in errors[:10])
         more = f" (and {self.total_errors - 10} more)" if self.total_errors > 10 else ""
         super().__init__(f"invalid dataset: {self.total_errors} bad line(s): {shown}{more}")
-
-
-Example = dict[str, Any]
 
 
 def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError]) -> Example | None:

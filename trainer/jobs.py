@@ -25,10 +25,9 @@ from skillpool.adapters_store.store import SkillRecord
 from .config import TrainConfig
 from .lora_train import Cancelled, Progress
 from .quality import QualityGateFailed
+from .records import PENDING, TERMINAL, Example, JobStatus
 
 log = logging.getLogger(__name__)
-Example = dict[str, Any]
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass
@@ -37,7 +36,7 @@ class Job:
     skill: str
     method: str
     config: dict[str, Any]
-    status: str = "queued"
+    status: JobStatus = JobStatus.QUEUED
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
@@ -47,6 +46,9 @@ class Job:
     examples: int = 0
     skill_version: int | None = None
     force: bool = False  # register even if the quality gate fails
+
+    def __post_init__(self) -> None:  # a record read back from JSON holds the plain string
+        self.status = JobStatus(self.status)
 
     def to_dict(self) -> dict[str, Any]:
         return {"object": "skillpool.training_job", **asdict(self)}
@@ -104,7 +106,7 @@ class LocalJobQueue:
                 continue
             if job.status not in TERMINAL:
                 job.status, job.error, job.finished_at = (
-                    "failed",
+                    JobStatus.FAILED,
                     "the server stopped before this job finished",
                     time.time(),
                 )
@@ -119,7 +121,7 @@ class LocalJobQueue:
     # --- API ----------------------------------------------------------------------------------
     def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
         with self._lock:
-            job.status = "queued"
+            job.status = JobStatus.QUEUED
             self._jobs[job.id] = job
             self._cancel[job.id] = threading.Event()
             self._save(job)
@@ -133,7 +135,7 @@ class LocalJobQueue:
         return sorted(self._jobs.values(), key=lambda j: j.created_at, reverse=True)
 
     def depth(self) -> int:
-        return sum(1 for j in self._jobs.values() if j.status in ("queued", "running"))
+        return sum(1 for j in self._jobs.values() if j.status in PENDING)
 
     def cancel(self, job_id: str) -> Job | None:
         with self._lock:
@@ -141,15 +143,15 @@ class LocalJobQueue:
             if job is None or job.status in TERMINAL:
                 return job
             self._cancel[job_id].set()
-            if job.status == "queued":  # the worker skips it when it comes up
-                self._finish(job, "cancelled")
+            if job.status == JobStatus.QUEUED:  # the worker skips it when it comes up
+                self._finish(job, JobStatus.CANCELLED)
             return job
 
     def close(self) -> None:
         self._queue.put(None)
 
     # --- worker -------------------------------------------------------------------------------
-    def _finish(self, job: Job, status: str, error: str | None = None) -> None:
+    def _finish(self, job: Job, status: JobStatus, error: str | None = None) -> None:
         job.status, job.error, job.finished_at = status, error, time.time()
         self._save(job)
         if self.on_finish is not None:
@@ -162,7 +164,7 @@ class LocalJobQueue:
             if stop.is_set():
                 continue
             with self._lock:
-                job.status, job.started_at = "running", time.time()
+                job.status, job.started_at = JobStatus.RUNNING, time.time()
                 self._save(job)
             run_job(job, examples, cfg, self.runner, self._save, self._finish, self.on_success, stop.is_set)
 
@@ -173,7 +175,7 @@ def run_job(
     cfg: TrainConfig,
     runner: Runner,
     save: Callable[[Job], None],
-    finish: Callable[[Job, str, str | None], None],
+    finish: Callable[[Job, JobStatus, str | None], None],
     on_success: Callable[[SkillRecord], None],
     should_stop: Callable[[], bool],
 ) -> None:
@@ -194,21 +196,21 @@ def run_job(
     try:
         record = runner(job, examples, cfg, progress, should_stop)
     except Cancelled:
-        finish(job, "cancelled", None)
+        finish(job, JobStatus.CANCELLED, None)
         return
     except QualityGateFailed as e:  # an expected outcome: the numbers go into the job, nothing was stored
         job.eval = e.report
-        finish(job, "failed", str(e))
+        finish(job, JobStatus.FAILED, str(e))
         return
     except Exception as e:
         log.error("training job %s failed:\n%s", job.id, traceback.format_exc())
-        finish(job, "failed", f"{type(e).__name__}: {e}")
+        finish(job, JobStatus.FAILED, f"{type(e).__name__}: {e}")
         return
     job.eval, job.skill_version = record.meta.get("eval"), record.version
     try:
         on_success(record)
     except Exception as e:
         log.error("registering %s failed:\n%s", record.name, traceback.format_exc())
-        finish(job, "failed", f"stored as version {record.version} but not registered: {e}")
+        finish(job, JobStatus.FAILED, f"stored as version {record.version} but not registered: {e}")
         return
-    finish(job, "succeeded", None)
+    finish(job, JobStatus.SUCCEEDED, None)

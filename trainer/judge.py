@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, Mix
 
-from .evaluation import generate_greedy
+from .scoring import generate_greedy
 
 Prompt = list[dict[str, str]]
 

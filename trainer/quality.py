@@ -24,10 +24,9 @@ from skillpool.adapters_store.store import SkillRecord
 from skillpool.router import Router
 
 from .config import TrainConfig
-from .evaluation import mean_score, metric_for, score
 from .judge import Judge
-
-Example = dict[str, Any]
+from .records import Example
+from .scoring import mean_score, metric_for, score
 
 
 class QualityGateFailed(Exception):

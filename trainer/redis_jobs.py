@@ -1,10 +1,6 @@
 """The Redis-backed job queue: servers enqueue, trainer workers on any machine pull, events fan out.
 
-Keys (under a prefix, default "skillpool"):
-    {p}:job:{id}      the job record (JSON)            {p}:jobs    sorted set of job ids by creation
-    {p}:data:{id}     examples + config until taken    {p}:queue   list of queued job ids (FIFO)
-    {p}:cancel:{id}   set when a cancel is requested   {p}:events  pub/sub channel
-    {p}:active        ids of queued or running jobs (so depth() does not read every record)
+Keys and the events channel live under a prefix (default "skillpool"); trainer/keys.py names them all.
 Workers and servers share the skill store (a volume or object storage mounted at the same data dir).
 When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
 server loads that version from the store and starts routing to it.
@@ -25,7 +21,9 @@ import redis
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
-from .jobs import TERMINAL, Example, Job, Runner, run_job
+from .jobs import Job, Runner, run_job
+from .keys import DEFAULT_PREFIX, RedisKeys
+from .records import TERMINAL, Example, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +36,7 @@ class RedisJobQueue:
         on_success: Callable[[SkillRecord], None] | None = None,
         on_finish: Callable[[Job], None] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
-        prefix: str = "skillpool",
+        prefix: str = DEFAULT_PREFIX,
     ) -> None:
         """`runner` None: enqueue only (no worker here). `on_event`: called for every published event."""
         self.r = redis.Redis.from_url(url, decode_responses=True)
@@ -46,7 +44,7 @@ class RedisJobQueue:
             self.r.ping()
         except redis.RedisError as e:
             raise ConnectionError(f"cannot reach Redis at {url}: {e}") from e
-        self.p = prefix
+        self.keys = RedisKeys(prefix)
         self.runner, self.on_success, self.on_finish, self.on_event = runner, on_success, on_finish, on_event
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -54,36 +52,36 @@ class RedisJobQueue:
             self._threads.append(threading.Thread(target=self._work, name="skillpool-trainer", daemon=True))
         if on_event is not None:
             self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(f"{self.p}:events")
+            self._pubsub.subscribe(self.keys.events)
             self._threads.append(threading.Thread(target=self._listen, name="skillpool-events", daemon=True))
         for t in self._threads:
             t.start()
 
     # --- records ------------------------------------------------------------------------------
     def _save(self, job: Job) -> None:
-        self.r.set(f"{self.p}:job:{job.id}", json.dumps(job.to_dict()))
+        self.r.set(self.keys.job(job.id), json.dumps(job.to_dict()))
 
     def get(self, job_id: str) -> Job | None:
-        raw = self.r.get(f"{self.p}:job:{job_id}")
+        raw = self.r.get(self.keys.job(job_id))
         return Job.from_dict(json.loads(raw)) if raw else None
 
     def list(self) -> list[Job]:
-        ids: list[str] = self.r.zrevrange(f"{self.p}:jobs", 0, -1)  # type: ignore[assignment]  # decode_responses
-        raws = self.r.mget([f"{self.p}:job:{i}" for i in ids]) if ids else []
+        ids: list[str] = self.r.zrevrange(self.keys.jobs, 0, -1)  # type: ignore[assignment]  # decode_responses
+        raws = self.r.mget([self.keys.job(i) for i in ids]) if ids else []
         return [Job.from_dict(json.loads(x)) for x in raws if x]
 
     def depth(self) -> int:
-        return int(self.r.scard(f"{self.p}:active"))
+        return int(self.r.scard(self.keys.active))
 
     # --- API ----------------------------------------------------------------------------------
     def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
-        job.status = "queued"
+        job.status = JobStatus.QUEUED
         with self.r.pipeline() as pipe:  # MULTI/EXEC: a job is queued whole or not at all
-            pipe.set(f"{self.p}:job:{job.id}", json.dumps(job.to_dict()))
-            pipe.zadd(f"{self.p}:jobs", {job.id: job.created_at})
-            pipe.set(f"{self.p}:data:{job.id}", json.dumps({"examples": examples, "config": cfg.to_dict()}))
-            pipe.rpush(f"{self.p}:queue", job.id)
-            pipe.sadd(f"{self.p}:active", job.id)
+            pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
+            pipe.zadd(self.keys.jobs, {job.id: job.created_at})
+            pipe.set(self.keys.data(job.id), json.dumps({"examples": examples, "config": cfg.to_dict()}))
+            pipe.rpush(self.keys.queue, job.id)
+            pipe.sadd(self.keys.active, job.id)
             pipe.execute()
         return job
 
@@ -91,14 +89,14 @@ class RedisJobQueue:
         job = self.get(job_id)
         if job is None or job.status in TERMINAL:
             return job
-        self.r.set(f"{self.p}:cancel:{job_id}", 1)
-        if self.r.lrem(f"{self.p}:queue", 0, job_id):  # still queued: no worker has it
-            self.r.delete(f"{self.p}:data:{job_id}")
-            self._finish(job, "cancelled", None)
+        self.r.set(self.keys.cancel(job_id), 1)
+        if self.r.lrem(self.keys.queue, 0, job_id):  # still queued: no worker has it
+            self.r.delete(self.keys.data(job_id))
+            self._finish(job, JobStatus.CANCELLED, None)
         return self.get(job_id)
 
     def publish(self, event: dict[str, Any]) -> None:
-        self.r.publish(f"{self.p}:events", json.dumps(event))
+        self.r.publish(self.keys.events, json.dumps(event))
 
     def close(self) -> None:
         self._closed.set()
@@ -106,11 +104,11 @@ class RedisJobQueue:
             self._pubsub.close()
 
     # --- worker -------------------------------------------------------------------------------
-    def _finish(self, job: Job, status: str, error: str | None) -> None:
+    def _finish(self, job: Job, status: JobStatus, error: str | None) -> None:
         job.status, job.error, job.finished_at = status, error, time.time()
         with self.r.pipeline() as pipe:
-            pipe.set(f"{self.p}:job:{job.id}", json.dumps(job.to_dict()))
-            pipe.srem(f"{self.p}:active", job.id)
+            pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
+            pipe.srem(self.keys.active, job.id)
             pipe.execute()
         if self.on_finish is not None:
             self.on_finish(job)
@@ -124,7 +122,7 @@ class RedisJobQueue:
         assert self.runner is not None
         while not self._closed.is_set():
             try:
-                item = self.r.blpop([f"{self.p}:queue"], timeout=1)
+                item = self.r.blpop([self.keys.queue], timeout=1)
             except redis.RedisError as e:
                 log.warning("job queue unreachable (%s); retrying", e)
                 time.sleep(2)
@@ -132,13 +130,13 @@ class RedisJobQueue:
             if item is None:
                 continue
             job_id = str(item[1])
-            job, raw = self.get(job_id), self.r.getdel(f"{self.p}:data:{job_id}")
+            job, raw = self.get(job_id), self.r.getdel(self.keys.data(job_id))
             if job is None or raw is None or job.status in TERMINAL:
                 continue
             data = json.loads(raw)
-            job.status, job.started_at = "running", time.time()
+            job.status, job.started_at = JobStatus.RUNNING, time.time()
             self._save(job)
-            cancel_key = f"{self.p}:cancel:{job_id}"
+            cancel_key = self.keys.cancel(job_id)
 
             def cancelled(key: str = cancel_key) -> bool:
                 return bool(self.r.exists(key))

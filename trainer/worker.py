@@ -34,9 +34,14 @@ from .kif import KIFSettings, fit_kif, init_from_blocks
 from .lora_train import Progress, add_lora, encode_example, fit_config, pad_id, save_adapter
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
+from .records import Example
 
 log = logging.getLogger(__name__)
-Example = dict[str, Any]
+
+
+def _as_dicts(examples: list[Example]) -> list[dict[str, Any]]:
+    """lora_train, kif and attentive still type an example as a plain dict (their loops are unified apart)."""
+    return cast(list[dict[str, Any]], examples)
 
 
 def split_examples(
@@ -117,7 +122,7 @@ class SkillTrainer:
         training: dict[str, Any] = {"method": method, "config": cfg.to_dict()}
         model, tok = self._load_base()
         pseudo: list[str] = []
-        if self.router.settings.mode == "sapt" and self.router.settings.sapt.replay == "pseudo":
+        if self.router.mode.learns_projector and self.router.settings.sapt.replay == "pseudo":
             # this skill's own pseudo inputs, replayed when later skills learn
             pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
         with tempfile.TemporaryDirectory(prefix="skillpool-block-") as tmp:
@@ -137,7 +142,7 @@ class SkillTrainer:
                     model,
                     tok,
                     name,
-                    train,
+                    _as_dicts(train),
                     held_texts,
                     cfg,
                     warm,
@@ -154,7 +159,7 @@ class SkillTrainer:
                 router_tensors.update(result.state.skill_tensors(name))
                 router_meta["sapt_attention"] = result.state.mean_attention[name]
             else:
-                if self.router.settings.mode == "sapt":  # the block trains alone; the router still learns its key
+                if self.router.mode.learns_projector:  # the block trains alone; the router still learns its key
                     tensors, mean_attention = self.router.prepare_sapt(
                         name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name)
                     )
@@ -164,7 +169,7 @@ class SkillTrainer:
                 if method == "kif":
                     training["kif"] = self._train_kif(name, peft_model, tok, train, cfg, on_progress, should_stop)
                 else:
-                    fit_config(peft_model, tok, train, cfg, on_progress, should_stop)
+                    fit_config(peft_model, tok, _as_dicts(train), cfg, on_progress, should_stop)
                 save_adapter(peft_model, folder, self.base.model_id)
                 model = cast(Any, peft_model).unload()  # the plain base model again, for the gate's routed generation
             attention = router_meta.get("sapt_attention")
@@ -219,7 +224,7 @@ class SkillTrainer:
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in earlier for e in rec.replay()]
         fit_kif(
             peft_model,
-            [encode_example(tok, e, cfg.max_seq_len) for e in train],
+            [encode_example(tok, e, cfg.max_seq_len) for e in _as_dicts(train)],
             memory,
             pad_id(tok),
             epochs=cfg.epochs,

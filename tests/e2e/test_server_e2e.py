@@ -17,7 +17,7 @@ import pytest
 from load_tests.common import ask, rows, upload, user_text, wait_job
 from skillpool.router import MODES
 from skillpool.server.process import ServerProcess
-from skillpool.trainer.evaluation import first_word_match
+from skillpool.trainer.scoring import first_word_match
 from tests.conftest import dataset_dir
 
 pytestmark = pytest.mark.slow

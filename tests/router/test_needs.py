@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from skillpool.router import Router, RouterSettings
-from skillpool.router.evaluation import task_text
 from skillpool.router.formats import gram_ids
 from skillpool.router.needs import (
     FieldModel,
@@ -24,6 +23,7 @@ from skillpool.router.needs import (
     option_ids,
     request_grams,
 )
+from skillpool.server.evaluation.tasks import task_text
 from tests.conftest import REPO, dataset_dir, read_task
 
 PARAPHRASES = json.loads((REPO / "load_tests" / "paraphrases" / "long_sequence.json").read_text(encoding="utf-8"))

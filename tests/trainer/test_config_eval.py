@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skillpool.trainer.config import ConfigError, TrainConfig
-from skillpool.trainer.evaluation import first_word_match, is_classification, mean_score, metric_for, rouge_l
+from skillpool.trainer.scoring import first_word_match, is_classification, mean_score, metric_for, rouge_l
 
 
 def test_defaults_and_overrides() -> None:

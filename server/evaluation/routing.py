@@ -13,89 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from .embedder import CachedEmbedder, Embedder, SentenceEmbedder
-from .router import MODES, Decision, Features, Router, RouterSettings
-from .sapt import POOLS, SAPTSettings, TokenPooler
-from .texts import route_text
+from skillpool.router.embedder import CachedEmbedder, Embedder, SentenceEmbedder
+from skillpool.router.modes import mode_class
+from skillpool.router.router import MODES, Decision, Features, Router, RouterSettings
+from skillpool.router.sapt import POOLS, SAPTSettings, TokenPooler
 
-TEXT_MODES = ("with-instruction", "input-only", "system-message")
-
-
-@dataclass
-class Task:
-    name: str
-    train: list[str]
-    test: list[str]
-    train_inputs: list[str] | None = None  # the input part of each training row (no instruction)
-    train_answers: list[str] | None = None
-
-
-def task_text(row: dict[str, Any], mode: str, instruction: str | None = None) -> str:
-    """The routed text of a benchmark row: instruction + input as one user turn (`with-instruction`), the
-    instruction as a system message (`system-message`, joined by the server's own route_text), or the
-    input alone. `instruction` replaces the row's own; a '{input}' in it marks where the input goes."""
-    inp = str(row.get("input", ""))
-    if mode == "input-only":
-        return inp or str(row.get("instruction", ""))
-    instr = str(row.get("instruction", "")) if instruction is None else instruction
-    if mode == "system-message":
-        system = instr.replace("{input}", "").strip()
-        return route_text([{"role": "system", "content": system}, {"role": "user", "content": inp}])
-    if "{input}" in instr:
-        return instr.replace("{input}", inp)
-    return "\n".join(p for p in (instr, inp) if p)
-
-
-def load_paraphrases(path: Path) -> dict[str, list[str]]:
-    """{task folder name: [instruction paraphrases]} (keys starting with '_' are comments)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--instructions {path}: cannot read a JSON object ({e})") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"--instructions {path}: expected an object of task name -> list of instructions")
-    out = {k: v for k, v in data.items() if not k.startswith("_")}
-    for k, v in out.items():
-        if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() for x in v):
-            raise ValueError(f"--instructions {path}: {k!r} must be a non-empty list of non-empty strings")
-    return out
-
-
-def load_task(
-    folder: Path,
-    mode: str,
-    train_limit: int | None,
-    test_limit: int | None,
-    paraphrases: list[str] | None = None,
-) -> Task:
-    """Training texts always carry the row's own instruction (what the skill was uploaded with); test
-    rows get paraphrase i mod n when paraphrases are given (deterministic, every paraphrase used)."""
-    if mode not in TEXT_MODES:
-        raise ValueError(f"text mode must be one of {', '.join(TEXT_MODES)}, got {mode!r}")
-
-    def read(split: str, limit: int | None) -> list[dict[str, Any]]:
-        path = folder / f"{split}.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found (a task folder holds train.jsonl and test.jsonl)")
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-        return rows[:limit]
-
-    train, test = read("train", train_limit), read("test", test_limit)
-    train_mode = "input-only" if mode == "input-only" else "with-instruction"
-    return Task(
-        folder.name,
-        [task_text(r, train_mode) for r in train],
-        [task_text(r, mode, paraphrases[i % len(paraphrases)] if paraphrases else None) for i, r in enumerate(test)],
-        [str(r.get("input") or r.get("instruction", "")) for r in train],
-        [str(r.get("output", "")) for r in train],
-    )
+from .routing_report import plot, print_table
+from .tasks import TEXT_MODES, Task, load_paraphrases, load_task
 
 
 def _top(d: Decision) -> str:
@@ -106,7 +36,7 @@ def _learn(router: Router, task: Task, train: Features, replay: dict[str, torch.
     name = task.name
     tensors = router.prepare_keys_from_embeddings(train.emb, task.train, task.train_inputs, task.train_answers)
     attention = None
-    if router.settings.mode == "sapt":
+    if router.mode.learns_projector:
         assert train.pooled is not None
         n_held = max(1, int(len(train.pooled) * held_fraction))  # ā is measured on held-out inputs, as SAPT does
         sapt, attention = router.prepare_sapt_pooled(name, train.pooled[n_held:], train.pooled[:n_held], replay)
@@ -183,78 +113,6 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
         "steps": steps,
         "confusion": {"labels": labels, "rows": names, "counts": confusion},
     }
-
-
-def print_table(result: dict[str, Any]) -> None:
-    print(f"{'step':>4s} {'added':28s} {'top1':>6s} {'weight':>6s} {'fb_seen':>7s} {'fb_unseen':>9s}")
-    for s in result["steps"]:
-        fu = "-" if s["fallback_unseen"] is None else f"{s['fallback_unseen']:.3f}"
-        print(
-            f"{s['tasks_seen']:4d} {s['added'][:28]:28s} {s['top1']:6.3f} {s['weight']:6.3f} {s['fallback_seen']:7.3f} {fu:>9s}"
-        )
-    f = result["final"]
-    print(
-        f"\nfinal: top1 {f['top1']:.4f} (micro {f['top1_micro']:.4f}), weight {f['weight']:.4f}, "
-        f"fallback seen {f['fallback_seen']:.4f}, fallback unseen {f['fallback_unseen'] if f['fallback_unseen'] is None else round(f['fallback_unseen'], 4)}"
-    )
-    print("per task:", ", ".join(f"{n} {v['top1']:.3f}" for n, v in f["per_task"].items()))
-
-
-def plot(result: dict[str, Any], folder: Path, title: str) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    conf = result["confusion"]
-    counts = np.array(conf["counts"], dtype=float)
-    share = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
-    fig, ax = plt.subplots(figsize=(1 + 0.6 * len(conf["labels"]), 1 + 0.55 * len(conf["rows"])))
-    im = ax.imshow(share, cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(len(conf["labels"])), conf["labels"], rotation=60, ha="right")
-    ax.set_yticks(range(len(conf["rows"])), conf["rows"])
-    for i in range(share.shape[0]):
-        for j in range(share.shape[1]):
-            if counts[i, j]:
-                ax.text(
-                    j,
-                    i,
-                    f"{share[i, j]:.2f}",
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="white" if share[i, j] > 0.5 else "black",
-                )
-    ax.set_xlabel("routed to (top-1)")
-    ax.set_ylabel("true task")
-    ax.set_title(f"routing confusion — {title}")
-    fig.colorbar(im, ax=ax, fraction=0.03)
-    fig.tight_layout()
-    cm = folder / "routing_confusion.png"
-    fig.savefig(cm, dpi=120)
-    plt.close(fig)
-
-    steps = result["steps"]
-    x = [s["tasks_seen"] for s in steps]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(x, [s["top1"] for s in steps], "o-", label="top-1 accuracy (seen tasks)")
-    ax.plot(x, [s["weight"] for s in steps], "s--", label="mix weight on the right skill")
-    ax.plot(x, [s["fallback_seen"] for s in steps], "^-", label="fallback rate, seen tasks")
-    fu = [(s["tasks_seen"], s["fallback_unseen"]) for s in steps if s["fallback_unseen"] is not None]
-    if fu:
-        ax.plot(*zip(*fu), "v-", label="fallback rate, unseen tasks")
-    ax.set_xlabel("tasks learned")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xticks(x)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
-    ax.set_title(f"routing vs tasks — {title}")
-    fig.tight_layout()
-    curve = folder / "routing_curve.png"
-    fig.savefig(curve, dpi=120)
-    plt.close(fig)
-    return [cm, curve]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -374,7 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--instructions {args.instructions} has no paraphrases for {', '.join(missing)}")
     tasks = [load_task(f, args.text, args.train_limit, args.test_limit, para.get(f.name)) for f in args.tasks]
     pooler = None
-    if args.router == "sapt":
+    if mode_class(args.router).learns_projector:
         from skillpool.adapters_store.base_model import resolve_base_model
 
         pooler = TokenPooler.from_checkpoint(

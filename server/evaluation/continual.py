@@ -21,10 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from skillpool.trainer.config import METHODS, TrainConfig
-from skillpool.trainer.continual_metrics import ap_curve, cl_metrics
 from skillpool.trainer.datasets import parse_jsonl
-from skillpool.trainer.evaluation import mean_score, metric_for
+from skillpool.trainer.records import Example, JobStatus
+from skillpool.trainer.scoring import mean_score, metric_for
 from skillpool.trainer.worker import split_examples
+
+from .baselines import Baselines
+from .continual_metrics import ap_curve, cl_metrics
+from .continual_report import plot, print_table
+from .tasks import task_lines
 
 BASELINES = ("oracle", "seq", "mtl")
 METRICS = ("auto", "exact_match", "rouge_l")
@@ -32,18 +37,25 @@ METRICS = ("auto", "exact_match", "rouge_l")
 
 @dataclass
 class Task:
+    """A task as `eval continual` sees it: the uploaded rows and the normalized examples to score."""
+
     name: str
     train_body: bytes  # the JSONL rows uploaded
-    train: list[dict[str, Any]]  # the rows the server trains on (its split), for the in-process baselines
-    test: list[dict[str, Any]]
+    train: list[Example]  # the rows the server trains on (its split), for the in-process baselines
+    test: list[Example]
     metric: str
     budget: int = 16  # max new tokens when answering
 
+    def score(self, answers: list[str]) -> float:
+        """Percent score of the answers to the test rows, by the task's metric."""
+        return 100 * mean_score(self.metric, answers, [e["answer"] for e in self.test])
 
-def _read_rows(path: Path, limit: int | None) -> bytes:
-    if not path.exists():
-        raise SystemExit(f"{path} not found: a task folder holds train.jsonl and test.jsonl")
-    lines = [x for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]  # not splitlines: U+2028 in JSON
+
+def _read_rows(folder: Path, split: str, limit: int | None) -> bytes:
+    try:
+        lines = task_lines(folder, split)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
     return "\n".join(lines[:limit] if limit else lines).encode()
 
 
@@ -52,9 +64,9 @@ def load_tasks(
 ) -> list[Task]:
     tasks = []
     for folder in folders:
-        body = _read_rows(folder / "train.jsonl", train_limit)
+        body = _read_rows(folder, "train", train_limit)
         examples = parse_jsonl(body)
-        test = parse_jsonl(_read_rows(folder / "test.jsonl", test_limit))
+        test = parse_jsonl(_read_rows(folder, "test", test_limit))
         answers = [e["answer"] for e in examples]
         tasks.append(
             Task(
@@ -93,18 +105,14 @@ def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[st
     return [a for a, _ in out], [h for _, h in out]
 
 
-def _score(task: Task, answers: list[str]) -> float:
-    return 100 * mean_score(task.metric, answers, [e["answer"] for e in task.test])
-
-
 def run_server_sequence(
     args: argparse.Namespace, tasks: list[Task], cfg: TrainConfig, data_dir: Path
 ) -> dict[str, Any]:
     import httpx
     from openai import OpenAI
 
-    from .follow import follow
-    from .process import ServerProcess
+    from ..follow import follow
+    from ..process import ServerProcess
 
     mode = args.router_mode or ("sapt" if args.method == "sapt" else "dtkr")
     extra = ["--router-mode", mode] + (["--model", str(args.model)] if args.model else [])
@@ -132,7 +140,7 @@ def run_server_sequence(
             jobs.append(
                 {k: job.get(k) for k in ("skill", "status", "error", "eval", "progress", "started_at", "finished_at")}
             )
-            if job["status"] != "succeeded":
+            if job["status"] != JobStatus.SUCCEEDED:
                 raise RuntimeError(
                     f"training {task.name} ended {job['status']}: {job.get('error')}"
                     + ("" if args.force else " (--force registers anyway)")
@@ -140,11 +148,11 @@ def run_server_sequence(
             t0 = time.perf_counter()
             for i in range(j + 1):  # model=auto: what a user gets, after every task
                 answers, headers = _ask(client, "auto", tasks[i], args.concurrency)
-                matrix[j][i] = _score(tasks[i], answers)
+                matrix[j][i] = tasks[i].score(answers)
                 routed[j][i] = 100 * sum(h.split("=")[0] == tasks[i].name for h in headers) / len(headers)
             answers, _ = _ask(client, task.name, task, args.concurrency)
             for jj in range(j, t):
-                oracle[jj][j] = _score(task, answers)
+                oracle[jj][j] = task.score(answers)
             eval_s += time.perf_counter() - t0
             print(
                 f"after {task.name}: " + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1)),
@@ -165,79 +173,6 @@ def run_server_sequence(
             "train_tokens_per_s": round(tokens / max(train_s, 1e-9), 1),
         },
     }
-
-
-# --- in-process baselines -----------------------------------------------------------------------------
-class Baselines:
-    """seq, mtl and single-task references on the same backbone, split and hyperparameters."""
-
-    def __init__(self, model_path: Path, cfg: TrainConfig) -> None:
-        from transformers import AutoTokenizer
-
-        self.path, self.cfg = model_path, cfg
-        self.tok = AutoTokenizer.from_pretrained(str(model_path))
-        self.tokens, self.train_s = 0, 0.0
-
-    def _fresh(self) -> Any:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from skillpool.trainer.lora_train import add_lora
-
-        model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32)
-        return add_lora(model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed)
-
-    def _fit(self, peft_model: Any, examples: list[dict[str, Any]], label: str) -> None:
-        from tqdm import tqdm
-
-        from skillpool.trainer.lora_train import Progress, fit_config
-
-        bar = tqdm(desc=label, unit="step", dynamic_ncols=True)
-        last = [0]
-
-        def progress(p: Progress) -> None:
-            bar.total, bar.n = p.total, p.step
-            bar.set_postfix(loss=f"{p.loss or 0:.3f}", tok_s=f"{p.tokens_per_s:.0f}")
-            last[0] = p.tokens
-
-        t0 = time.perf_counter()
-        try:
-            fit_config(peft_model, self.tok, examples, self.cfg, progress)
-        finally:
-            bar.close()
-        self.train_s += time.perf_counter() - t0
-        self.tokens += last[0]
-
-    def score(self, peft_model: Any, task: Task) -> float:
-        from skillpool.trainer.evaluation import generate_greedy
-
-        return _score(task, generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
-
-    def seq(self, tasks: list[Task]) -> list[list[float | None]]:
-        model = self._fresh()
-        matrix: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
-        for j, task in enumerate(tasks):
-            self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
-            for i in range(j + 1):
-                matrix[j][i] = self.score(model, tasks[i])
-        return matrix
-
-    def mtl(self, tasks: list[Task]) -> list[float]:
-        import random
-
-        joint = [e for t in tasks for e in t.train]
-        random.Random(self.cfg.seed).shuffle(joint)
-        model = self._fresh()
-        self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
-        return [self.score(model, t) for t in tasks]
-
-    def single(self, tasks: list[Task]) -> list[float]:
-        out = []
-        for task in tasks:
-            model = self._fresh()
-            self._fit(model, task.train, f"single {task.name}")
-            out.append(self.score(model, task))
-        return out
 
 
 def _reference_single(path: Path, tasks: list[Task], args: argparse.Namespace) -> list[float]:
@@ -326,75 +261,6 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         }
     )
     return result
-
-
-# --- output -------------------------------------------------------------------------------------------
-def _fmt(v: float | None) -> str:
-    return "   -  " if v is None else f"{v:6.1f}"
-
-
-def print_table(result: dict[str, Any]) -> None:
-    names = result["tasks"]
-    print(f"\nscore matrix ({result['method']}, model=auto; row j = after learning task j, %):")
-    print(" " * 14 + "".join(f"{n[:8]:>9}" for n in names))
-    for j, row in enumerate(result["matrix"]):
-        print(f"{names[j][:13]:<14}" + "".join(f"{_fmt(v):>9}" for v in row))
-    print(f"\n{'':<10}{'AP':>8}{'F.Ra':>8}{'FWT':>8}{'BWT':>8}")
-    for label, m in [(result["method"], result), *result["baselines"].items()]:
-        print(f"{label:<10}" + "".join(f"{_fmt(m.get(k)):>8}" for k in ("AP", "F.Ra", "FWT", "BWT")))
-    tm = result["time"]
-    print(
-        f"\ntime: total {tm['total_s']:.0f}s; method training {tm['train_s']:.0f}s at {tm['train_tokens_per_s']:.0f} tok/s, "
-        f"routed eval {tm['eval_s']:.0f}s; baselines training {tm['baseline_train_s']:.0f}s"
-    )
-
-
-def plot(result: dict[str, Any], folder: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    folder.mkdir(parents=True, exist_ok=True)
-    names = result["tasks"]
-    out = []
-    panels = [(result["method"], result["matrix"])] + [
-        (n, b["matrix"]) for n, b in result["baselines"].items() if n != "mtl"
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(1 + 3.2 * len(panels), 3.6), squeeze=False)
-    for ax, (label, m) in zip(axes[0], panels):
-        arr = np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)
-        ax.imshow(arr, vmin=0, vmax=100, cmap="viridis")
-        for (j, i), v in np.ndenumerate(arr):
-            if not np.isnan(v):
-                ax.text(i, j, f"{v:.0f}", ha="center", va="center", color="white" if v < 60 else "black", fontsize=8)
-        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
-        ax.set_yticks(range(len(names)), [f"after {n}" for n in names], fontsize=7)
-        ax.set_title(label)
-    fig.tight_layout()
-    path = folder / "score_matrix.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    out.append(path)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps = range(1, len(names) + 1)
-    for i, n in enumerate(names):
-        ax.plot(list(steps)[i:], [result["matrix"][j][i] for j in range(i, len(names))], marker="o", label=n)
-    for label, b in result["baselines"].items():
-        curve = b["ap_curve"]
-        if all(v is not None for v in curve):
-            ax.plot(steps, curve, linestyle="--", label=f"{label} (mean)")
-    ax.set_xlabel("tasks learned")
-    ax.set_ylabel("score (%)")
-    ax.set_title(f"per-task scores, {result['method']} (model=auto)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = folder / "task_curves.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    out.append(path)
-    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""Scoring: first-word exact match for classification-style tasks, ROUGE-L F1 for generation."""
+"""Answer scoring, shared by the quality gate and `skillpool eval`: first-word exact match for
+classification-style tasks, ROUGE-L F1 for generation, and batched greedy answers to score."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skillpool.trainer.continual_metrics import ap_curve, cl_metrics
+from skillpool.server.evaluation.continual_metrics import ap_curve, cl_metrics
 
 # a[j][i]: task i after training task j
 M = [

@@ -1,0 +1,69 @@
+"""The key index: every skill's keys in the mode's search space, the FAISS indexes over them, and dtkr's
+whitening with the whitened gate thresholds it implies.
+
+An index is built whole from the registered skills (build_index) and swapped in under the router's lock,
+so a route running concurrently keeps searching the one it started with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+import torch
+
+from .dtkr import split_groups
+from .keys import calibrate_threshold
+from .modes import RouterMode
+from .needs import LabelIndex
+from .types import _flat_groups, _SkillKeys, whitening
+
+
+@dataclass(frozen=True)
+class KeyIndex:
+    index: faiss.Index  # gate (and, unwhitened, the mix): raw key rows
+    owners: list[str]  # the skill of every row
+    mix_index: faiss.Index | None  # whitened dtkr keys
+    white: np.ndarray | None  # W (None: not whitened, or no skills)
+    white_thr: dict[str, float]  # whitened gate thresholds, re-derived with W
+    labels: LabelIndex | None
+    known_fields: np.ndarray  # the typical input fields of all skills (router.needs)
+
+
+def white_rows(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
+    return _flat_groups(split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), groups))
+
+
+def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) -> KeyIndex:
+    """New indexes from all skills' keys (in the mode's search space)."""
+    settings = mode.settings
+    index = faiss.IndexFlatIP(dim)
+    owners: list[str] = []
+    for name, sk in skills.items():
+        index.add(sk.vectors)
+        owners.extend([name] * len(sk.vectors))
+    mix_index, white, white_thr = None, None, {}
+    if mode.whitened and skills:
+        d, n, m, total = dim, 0, 0, torch.zeros(dim, dim, dtype=torch.float64)
+        for sk in skills.values():
+            if sk.cov is not None:  # a running sum: no (skills, d, d) stack at 1,000 skills
+                total += sk.cov.double()
+                n, m = n + sk.count, m + 1
+        lam = settings.whiten_shrinkage if settings.whiten_shrinkage is not None else d / (d + n)
+        white = whitening((total / m).numpy(), lam) if m else np.eye(d, dtype=np.float32)
+        mix_index = faiss.IndexFlatIP(dim)
+        s, g = settings, settings.dtkr.groups
+        for name, sk in skills.items():
+            assert sk.raw is not None
+            keys = white_rows(sk.raw, white, g)
+            mix_index.add(keys)
+            if sk.calib is not None and len(sk.calib) and sk.count >= s.white_gate_min_inputs:
+                best = (white_rows(sk.calib, white, g) @ keys.T).max(axis=1)
+                white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_threshold_margin)
+    lab = {n: sk.labels for n, sk in skills.items() if sk.labels is not None}
+    labels = LabelIndex(lab, settings.labels.min_foreign) if settings.labels.min_foreign else None
+    typical = [sk.fields.typical for sk in skills.values() if sk.fields is not None]
+    known_fields = np.unique(np.concatenate(typical)) if typical else np.zeros(0, np.int64)
+    return KeyIndex(index, owners, mix_index, white, white_thr, labels, known_fields)

@@ -1,0 +1,86 @@
+"""`skillpool eval continual` baselines, trained in this process on the same backbone, split and
+hyperparameters as the server's skills: `seq` (one LoRA on the tasks in turn), `mtl` (one LoRA on all
+tasks jointly) and single-task references (each task alone, for FWT)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skillpool.trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from .continual import Task
+
+
+class Baselines:
+    """seq, mtl and single-task references on the same backbone, split and hyperparameters."""
+
+    def __init__(self, model_path: Path, cfg: TrainConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.path, self.cfg = model_path, cfg
+        self.tok = AutoTokenizer.from_pretrained(str(model_path))
+        self.tokens, self.train_s = 0, 0.0
+
+    def _fresh(self) -> Any:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from skillpool.trainer.lora_train import add_lora
+
+        model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32)
+        return add_lora(model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed)
+
+    def _fit(self, peft_model: Any, examples: list[dict[str, Any]], label: str) -> None:
+        from tqdm import tqdm
+
+        from skillpool.trainer.lora_train import Progress, fit_config
+
+        bar = tqdm(desc=label, unit="step", dynamic_ncols=True)
+        last = [0]
+
+        def progress(p: Progress) -> None:
+            bar.total, bar.n = p.total, p.step
+            bar.set_postfix(loss=f"{p.loss or 0:.3f}", tok_s=f"{p.tokens_per_s:.0f}")
+            last[0] = p.tokens
+
+        t0 = time.perf_counter()
+        try:
+            fit_config(peft_model, self.tok, examples, self.cfg, progress)
+        finally:
+            bar.close()
+        self.train_s += time.perf_counter() - t0
+        self.tokens += last[0]
+
+    def score(self, peft_model: Any, task: Task) -> float:
+        from skillpool.trainer.scoring import generate_greedy
+
+        return task.score(generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
+
+    def seq(self, tasks: list[Task]) -> list[list[float | None]]:
+        model = self._fresh()
+        matrix: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
+        for j, task in enumerate(tasks):
+            self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
+            for i in range(j + 1):
+                matrix[j][i] = self.score(model, tasks[i])
+        return matrix
+
+    def mtl(self, tasks: list[Task]) -> list[float]:
+        import random
+
+        joint = [e for t in tasks for e in t.train]
+        random.Random(self.cfg.seed).shuffle(joint)
+        model = self._fresh()
+        self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
+        return [self.score(model, t) for t in tasks]
+
+    def single(self, tasks: list[Task]) -> list[float]:
+        out = []
+        for task in tasks:
+            model = self._fresh()
+            self._fit(model, task.train, f"single {task.name}")
+            out.append(self.score(model, task))
+        return out

@@ -1,0 +1,92 @@
+"""Task folders, the benchmark layout every `skillpool eval` reads: <name>/train.jsonl and <name>/test.jsonl.
+
+One reader (task_lines) for both evaluations; the routed text of a row (task_text) and the routing task.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skillpool.router.texts import route_text
+
+
+def task_lines(folder: Path, split: str) -> list[str]:
+    """The non-empty lines of <folder>/<split>.jsonl (split on \\n, not splitlines: U+2028 may be in JSON)."""
+    path = folder / f"{split}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (a task folder holds train.jsonl and test.jsonl)")
+    return [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+TEXT_MODES = ("with-instruction", "input-only", "system-message")
+
+
+@dataclass
+class Task:
+    """A task as `eval routing` sees it: the routed texts of its rows."""
+
+    name: str
+    train: list[str]
+    test: list[str]
+    train_inputs: list[str] | None = None  # the input part of each training row (no instruction)
+    train_answers: list[str] | None = None
+
+
+def task_text(row: dict[str, Any], mode: str, instruction: str | None = None) -> str:
+    """The routed text of a benchmark row: instruction + input as one user turn (`with-instruction`), the
+    instruction as a system message (`system-message`, joined by the server's own route_text), or the
+    input alone. `instruction` replaces the row's own; a '{input}' in it marks where the input goes."""
+    inp = str(row.get("input", ""))
+    if mode == "input-only":
+        return inp or str(row.get("instruction", ""))
+    instr = str(row.get("instruction", "")) if instruction is None else instruction
+    if mode == "system-message":
+        system = instr.replace("{input}", "").strip()
+        return route_text([{"role": "system", "content": system}, {"role": "user", "content": inp}])
+    if "{input}" in instr:
+        return instr.replace("{input}", inp)
+    return "\n".join(p for p in (instr, inp) if p)
+
+
+def load_paraphrases(path: Path) -> dict[str, list[str]]:
+    """{task folder name: [instruction paraphrases]} (keys starting with '_' are comments)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--instructions {path}: cannot read a JSON object ({e})") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"--instructions {path}: expected an object of task name -> list of instructions")
+    out = {k: v for k, v in data.items() if not k.startswith("_")}
+    for k, v in out.items():
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() for x in v):
+            raise ValueError(f"--instructions {path}: {k!r} must be a non-empty list of non-empty strings")
+    return out
+
+
+def load_task(
+    folder: Path,
+    mode: str,
+    train_limit: int | None,
+    test_limit: int | None,
+    paraphrases: list[str] | None = None,
+) -> Task:
+    """Training texts always carry the row's own instruction (what the skill was uploaded with); test
+    rows get paraphrase i mod n when paraphrases are given (deterministic, every paraphrase used)."""
+    if mode not in TEXT_MODES:
+        raise ValueError(f"text mode must be one of {', '.join(TEXT_MODES)}, got {mode!r}")
+
+    def read(split: str, limit: int | None) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in task_lines(folder, split)][:limit]
+
+    train, test = read("train", train_limit), read("test", test_limit)
+    train_mode = "input-only" if mode == "input-only" else "with-instruction"
+    return Task(
+        folder.name,
+        [task_text(r, train_mode) for r in train],
+        [task_text(r, mode, paraphrases[i % len(paraphrases)] if paraphrases else None) for i, r in enumerate(test)],
+        [str(r.get("input") or r.get("instruction", "")) for r in train],
+        [str(r.get("output", "")) for r in train],
+    )

@@ -1,0 +1,47 @@
+"""Every Redis key and channel name the job queue uses, in one place (as arq's constants.py does).
+
+All live under a prefix (default "skillpool", `--redis-prefix`) so that deployments can share a Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "skillpool"
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    prefix: str = DEFAULT_PREFIX
+
+    def job(self, job_id: str) -> str:
+        """The job record (JSON)."""
+        return f"{self.prefix}:job:{job_id}"
+
+    def data(self, job_id: str) -> str:
+        """Examples + config, until a worker takes the job."""
+        return f"{self.prefix}:data:{job_id}"
+
+    def cancel(self, job_id: str) -> str:
+        """Set when a cancel is requested."""
+        return f"{self.prefix}:cancel:{job_id}"
+
+    @property
+    def jobs(self) -> str:
+        """Sorted set of job ids by creation time."""
+        return f"{self.prefix}:jobs"
+
+    @property
+    def queue(self) -> str:
+        """List of queued job ids (FIFO)."""
+        return f"{self.prefix}:queue"
+
+    @property
+    def active(self) -> str:
+        """Ids of queued or running jobs (so depth() does not read every record)."""
+        return f"{self.prefix}:active"
+
+    @property
+    def events(self) -> str:
+        """Pub/sub channel of skill events."""
+        return f"{self.prefix}:events"
