@@ -32,6 +32,20 @@ class KeyIndex:
     known_fields: np.ndarray  # the typical input fields of all skills (router.needs)
 
 
+_gpu: list[object] = []  # faiss.StandardGpuResources, created once on first use (it holds scratch memory)
+
+
+def on_device(index: faiss.Index) -> faiss.Index:
+    """The index on the GPU when faiss was built with GPU support and sees one (faiss-gpu on a CUDA machine,
+    what `setup.sh --engine vllm` installs there); otherwise the CPU index itself. Flat inner-product search
+    gives the same results either way."""
+    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+        return index
+    if not _gpu:
+        _gpu.append(faiss.StandardGpuResources())
+    return faiss.index_cpu_to_gpu(_gpu[0], 0, index)
+
+
 def white_rows(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
     return _flat_groups(split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), groups))
 
@@ -66,4 +80,5 @@ def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) ->
     labels = LabelIndex(lab, settings.labels.min_foreign) if settings.labels.min_foreign else None
     typical = [sk.fields.typical for sk in skills.values() if sk.fields is not None]
     known_fields = np.unique(np.concatenate(typical)) if typical else np.zeros(0, np.int64)
-    return KeyIndex(index, owners, mix_index, white, white_thr, labels, known_fields)
+    mix_index = on_device(mix_index) if mix_index is not None else None
+    return KeyIndex(on_device(index), owners, mix_index, white, white_thr, labels, known_fields)
