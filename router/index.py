@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import faiss
 import numpy as np
@@ -32,7 +33,7 @@ class KeyIndex:
     known_fields: np.ndarray  # the typical input fields of all skills (router.needs)
 
 
-_gpu: list[object] = []  # faiss.StandardGpuResources, created once on first use (it holds scratch memory)
+_gpu: list[Any] = []  # faiss.StandardGpuResources, created once on first use (it holds scratch memory)
 
 
 def on_device(index: faiss.Index) -> faiss.Index:
@@ -80,5 +81,5 @@ def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) ->
     labels = LabelIndex(lab, settings.labels.min_foreign) if settings.labels.min_foreign else None
     typical = [sk.fields.typical for sk in skills.values() if sk.fields is not None]
     known_fields = np.unique(np.concatenate(typical)) if typical else np.zeros(0, np.int64)
-    mix_index = on_device(mix_index) if mix_index is not None else None
-    return KeyIndex(on_device(index), owners, mix_index, white, white_thr, labels, known_fields)
+    placed = on_device(mix_index) if mix_index is not None else None
+    return KeyIndex(on_device(index), owners, placed, white, white_thr, labels, known_fields)
