@@ -98,7 +98,7 @@ def test_a_skill_learned_through_tasks_is_routed_to(server) -> None:  # type: ig
     from openai import OpenAI
 
     from load_tests.common import ask, rows, upload, user_text, wait_job
-    from skillpool.trainer.evaluation import first_word_match
+    from skillpool.trainer.scoring import first_word_match
 
     srv, _, _ = server
     dataset_dir("long_sequence", "agnews")
