@@ -85,18 +85,24 @@ def _busy(e: EngineBusy) -> APIError:
     )
 
 
+async def _unless_gone(request: Request, task: asyncio.Future[Any]) -> bool:
+    """Wait for the task; False (and the task cancelled) if the client disconnects first."""
+    while not task.done():
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if not done and await request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return False
+    return True
+
+
 async def _first_event(request: Request, events: AsyncIterator[EngineEvent]) -> EngineEvent | None:
     """The request's first event, or None (and the request aborted) if the client disconnects first."""
     task = asyncio.ensure_future(anext(events))
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.25)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()  # the engine's generator aborts the request when it is closed unfinished
-            await asyncio.gather(task, return_exceptions=True)
-            await events.aclose()  # type: ignore[attr-defined]
-            return None
+    if not await _unless_gone(request, task):
+        await events.aclose()  # type: ignore[attr-defined]  # closed unfinished: the engine aborts the request
+        return None
+    return task.result()
 
 
 def install_chat(app: FastAPI, c: Components) -> None:
@@ -202,12 +208,8 @@ def install_chat(app: FastAPI, c: Components) -> None:
                 finish, ntok = ev.finish_reason or finish, ev.tokens
 
         task = asyncio.ensure_future(collect())
-        while not task.done():  # a client that disconnects aborts its request and frees its slot
-            done, _ = await asyncio.wait({task}, timeout=0.25)
-            if not done and await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return Response(status_code=499)
+        if not await _unless_gone(request, task):  # a client that disconnects aborts its request, frees its slot
+            return Response(status_code=499)
         try:
             task.result()
         except RuntimeError as e:
