@@ -34,7 +34,7 @@ from skillpool.adapters_store.lora import LoRABank
 
 from .detokenize import TextStream
 from .kv import KVBatch, growing_cache
-from .prefix import BLOCK, PrefixCache
+from .prefix import PrefixCache
 from .protocol import AdapterLoader, EngineBusy, EngineEvent, EngineRequest, StreamsEvents
 from .residency import SkillResidency
 from .rows import Row, Sink, prefill_inputs, sample, similar_lengths
@@ -284,7 +284,7 @@ class HFEngine(StreamsEvents):
         kv = KVBatch(cache, mask)
         for i, s in enumerate(group):
             s.done_prompt, s.past = len(s.req.prompt_ids), []
-            if len(s.req.prompt_ids) // BLOCK > s.past_len // BLOCK:  # whole blocks the cache does not have
+            if self.prefix.would_keep(len(s.req.prompt_ids), s.past_len):
                 self.prefix.insert(s.mix, s.req.prompt_ids, kv.row(i))
         self._join(group, kv, out.logits[:, -1, :])
 
@@ -316,7 +316,7 @@ class HFEngine(StreamsEvents):
         self._admitted()
         cache, s.cache, s.past = s.cache, None, []
         kv = KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device))
-        if len(p) // BLOCK > s.past_len // BLOCK:
+        if self.prefix.would_keep(len(p), s.past_len):
             self.prefix.insert(s.mix, p, kv.row(0))
         self._join([s], kv, out.logits[:, -1, :])
 

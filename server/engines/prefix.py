@@ -72,6 +72,11 @@ class PrefixCache:
         ]
         return len(path) * BLOCK, layers
 
+    def would_keep(self, prompt_len: int, cached: int) -> bool:
+        """Whether a prompt of this length, `cached` tokens of it found here, has whole blocks to insert (a
+        caller then extracts its KV; with the cache off or nothing new it need not)."""
+        return self.max_blocks > 0 and prompt_len // BLOCK > cached // BLOCK
+
     def insert(self, mix: MixKey, prompt: Sequence[int], kv: Layers) -> None:
         """Keep the KV of the prompt's whole blocks; `kv` holds (1, heads, >= len(prompt), head_dim) per layer,
         the prompt's positions first and without padding."""
