@@ -2,7 +2,7 @@
 
 While block t trains, every target Linear computes y = W x + Σ_i w_i · s_i · B_i A_i x over blocks 0..t,
 with w = softmax(key · q / (√d · T)) from the query projector over the pooled prompt embeddings: the
-same mix serving applies (adapters_store.lora.LoRABank), so forward transfer from earlier blocks is
+same mixed layer serving applies (adapters_store.mixing), so forward transfer from earlier blocks is
 learned through it. Trainable: block t, its key and (a copy of) the projector; earlier blocks and keys
 stay frozen. Loss = answer loss of the mixed model + route_weight · CE(logits, t) (the router signal
 `SAPTState.learn` uses alone) + λ · ARM (earlier skills' attention kept in place, as in `learn`).
@@ -13,8 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter
+from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+from skillpool.adapters_store.mixing import WeightedMix, weighted_mix
 from skillpool.router.sapt import QueryProjector, SAPTState, TokenPooler
 
 from .config import TrainConfig
@@ -44,78 +44,6 @@ from .lora_train import (
 class AttentiveResult:
     adapter: LoRAAdapter  # the new block (float32 on cpu)
     state: SAPTState  # the router state with the new skill added (new key, trained projector, its ā)
-
-
-class AttentiveLoRALinear(nn.Module):
-    """A frozen Linear plus blocks mixed per row: y = base(x) + Σ_i w[b, i] · s_i · B_i (A_i x).
-
-    The blocks present here are stacked into one rank-Σr down/up projection (as MixedLoRALinear serves
-    them, so the product sum is exact); `weights` (batch or 1, blocks) is set per batch and carries the
-    gradient back to the router. Block tensors are used as given: trainable ones stay Parameters.
-    """
-
-    def __init__(self, base: nn.Linear, blocks: Sequence[tuple[int, LoRAFactors]], dropout: float = 0.0) -> None:
-        super().__init__()
-        self.base = base
-        self.As = [f.A for _, f in blocks]
-        self.Bs = [f.B for _, f in blocks]
-        # column j of the stacked rank belongs to block cols[j], scaled by that block's s
-        self.cols = torch.cat([torch.full((f.rank,), i) for i, f in blocks]).to(base.weight.device) if blocks else None
-        self.col_scale = (
-            torch.cat([torch.full((f.rank,), f.scaling) for _, f in blocks]).to(base.weight.device) if blocks else None
-        )
-        self.dropout = nn.Dropout(dropout)
-        self.weights: Tensor | None = None
-
-    @property
-    def weight(self) -> Tensor:  # transformers inspects .weight (dtype/device) on some paths
-        return self.base.weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        y: Tensor = self.base(x)
-        if self.weights is None or self.cols is None or self.col_scale is None:
-            return y
-        A, B = torch.cat(self.As), torch.cat(self.Bs, dim=1)
-        scale = self.weights[:, self.cols] * self.col_scale  # (batch, Σr)
-        h = F.linear(self.dropout(x).to(A.dtype), A)
-        h = h * (scale[:, None, :] if h.dim() == 3 else scale)
-        return y + F.linear(h, B).to(y.dtype)
-
-
-class AttentiveMix:
-    """The wrapped Linears of a model while a mix is installed; `set_weights` sets every row's block weights."""
-
-    def __init__(self, layers: dict[str, AttentiveLoRALinear]) -> None:
-        self.layers = layers
-
-    def set_weights(self, weights: Tensor | None) -> None:
-        for layer in self.layers.values():
-            layer.weights = None if weights is None else weights.to(layer.base.weight.device)
-
-
-@contextmanager
-def attentive_mix(
-    model: nn.Module, blocks: Sequence[LoRAAdapter], paths: Iterable[str] = (), dropout: float = 0.0
-) -> Iterator[AttentiveMix]:
-    """Within the block, the Linears at `paths` and at every block's module paths apply the mix of `blocks`
-    (block i = blocks[i]; a block lacking a module adds nothing there); the original Linears come back on exit."""
-    wanted = sorted({*paths, *(p for b in blocks for p in b.modules)})
-    layers: dict[str, AttentiveLoRALinear] = {}
-    try:
-        for path in wanted:
-            parent_path, _, attr = path.rpartition(".")
-            parent = model.get_submodule(parent_path)
-            base = getattr(parent, attr)
-            if not isinstance(base, nn.Linear):
-                raise UnsupportedAdapter(f"{path} is {type(base).__name__}, not a Linear layer")
-            own = [(i, b.modules[path]) for i, b in enumerate(blocks) if path in b.modules]
-            layers[path] = AttentiveLoRALinear(base, own, dropout)
-            setattr(parent, attr, layers[path])
-        yield AttentiveMix(layers)
-    finally:
-        for path, layer in layers.items():
-            parent_path, _, attr = path.rpartition(".")
-            setattr(model.get_submodule(parent_path), attr, layer.base)
 
 
 def target_paths(model: nn.Module, target_modules: Sequence[str]) -> list[str]:
@@ -209,7 +137,7 @@ def train_attentive(
     was_training = model.training
     model.requires_grad_(False)
     try:
-        with attentive_mix(model, [*frozen, block], dropout=cfg.dropout) as mix:
+        with weighted_mix(model, [*frozen, block], dropout=cfg.dropout) as mix:
             model.train()
             _fit(
                 model,
@@ -247,7 +175,7 @@ def train_attentive(
 
 def _fit(
     model: nn.Module,
-    mix: AttentiveMix,
+    mix: WeightedMix,
     encoded: Sequence[tuple[list[int], list[int]]],
     pad_token_id: int,
     pooled: Tensor,

@@ -2,7 +2,7 @@
 
 A server's trainer judges a new skill with the serving engine itself (`skillpool.server.judge`), so a
 skill is scored by the same code that will serve it; a Redis worker, which has no serving engine, uses
-`LocalJudge`: its own model copy with the same per-row mix math (adapters_store.lora) and transformers'
+`LocalJudge`: its own model copy with the same per-row mix math (adapters_store.mixing) and transformers'
 greedy decoding.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, Mix
+from skillpool.adapters_store.lora import LoRAAdapter, Mix
+from skillpool.adapters_store.mixing import LoRABank
 
 from .scoring import generate_greedy
 

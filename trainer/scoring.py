@@ -7,7 +7,8 @@ import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from skillpool.adapters_store.lora import LoRABank, Mix
+from skillpool.adapters_store.lora import Mix
+from skillpool.adapters_store.mixing import LoRABank
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

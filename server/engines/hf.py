@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from skillpool.adapters_store.lora import LoRABank
+from skillpool.adapters_store.mixing import LoRABank
 
 from .detokenize import TextStream
 from .kv import KVBatch, growing_cache

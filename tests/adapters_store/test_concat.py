@@ -12,12 +12,12 @@ from skillpool.adapters_store.concat import concat_mix, write_concat, zero_adapt
 from skillpool.adapters_store.lora import (
     PEFT_CONFIG,
     LoRAAdapter,
-    LoRABank,
     LoRAFactors,
     load_peft_adapter,
     mix_delta,
     save_peft_adapter,
 )
+from skillpool.adapters_store.mixing import LoRABank
 
 from .test_lora import TARGETS, random_adapter, tiny_llama
 

@@ -1,4 +1,4 @@
-"""The mix math: factored per-row mixing must equal merging the weighted delta into the base weights."""
+"""LoRA factors and PEFT files: the dense mix reference, and adapters that load back (here and in PEFT) as they were."""
 
 from __future__ import annotations
 
@@ -9,14 +9,8 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from skillpool.adapters_store.lora import (
-    LoRAAdapter,
-    LoRABank,
-    LoRAFactors,
-    load_peft_adapter,
-    mix_delta,
-    save_peft_adapter,
-)
+from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
+from skillpool.adapters_store.mixing import LoRABank
 
 TARGETS = ("q_proj", "v_proj", "o_proj")
 
@@ -65,54 +59,6 @@ def test_mix_delta_is_weighted_sum_of_products() -> None:
     assert torch.allclose(got, want, atol=1e-6)
     # Averaging A and B separately (the cross-term bug) gives something else.
     assert got.shape == (3, 5)
-
-
-def test_mixed_forward_equals_merged_weights_with_different_ranks() -> None:
-    model = tiny_llama()
-    a1, a2 = random_adapter(model, rank=4, alpha=8, seed=1), random_adapter(model, rank=8, alpha=4, seed=2)
-    x = torch.randint(0, 97, (1, 7))
-    ref = merged_copy(model, [(a1, 0.3), (a2, 0.7)])
-    bank = LoRABank(model)
-    bank.add("one", a1)
-    bank.add("two", a2)
-    with torch.no_grad():
-        want = ref(x).logits
-        with bank.mixed([[("one", 0.3), ("two", 0.7)]]):
-            got = model(x).logits
-        base = model(x).logits  # the context restores the plain base model
-    assert torch.allclose(got, want, atol=1e-4)
-    assert not torch.allclose(base, want, atol=1e-3)
-
-
-def test_each_row_of_a_batch_gets_its_own_mix() -> None:
-    model = tiny_llama()
-    a1, a2 = random_adapter(model, 4, 8, seed=3), random_adapter(model, 2, 2, seed=4, targets=("q_proj",))
-    bank = LoRABank(model)
-    bank.add("one", a1)
-    bank.add("two", a2)
-    mixes = [[("one", 1.0)], [], [("one", 0.5), ("two", 0.5)], [("two", 1.0)]]
-    x = torch.randint(0, 97, (4, 6))
-    with torch.no_grad(), bank.mixed(mixes):
-        batched = model(x).logits
-    with torch.no_grad():
-        for i, mix in enumerate(mixes):
-            with bank.mixed([mix]):
-                single = model(x[i : i + 1]).logits
-            assert torch.allclose(batched[i], single[0], atol=1e-4), f"row {i} differs"
-        # Row 2 also equals the merged reference (a2 only touches q_proj, so merge per module).
-        # The copy's MixedLoRALinear wrappers have no active mix: they act as their base Linear.
-        ref = copy.deepcopy(model)
-        for path in a1.modules:
-            blocks = [(a.modules[path], 0.5) for a in (a1, a2) if path in a.modules]
-            ref.get_submodule(path).base.weight.data += mix_delta(blocks)
-        assert torch.allclose(ref(x[2:3]).logits[0], batched[2], atol=1e-4)
-
-
-def test_unknown_skill_in_mix_is_an_error() -> None:
-    bank = LoRABank(tiny_llama())
-    with pytest.raises(KeyError):
-        with bank.mixed([[("missing", 1.0)]]):
-            pass
 
 
 def test_peft_adapter_round_trip_matches_peft_forward(tmp_path) -> None:  # type: ignore[no-untyped-def]

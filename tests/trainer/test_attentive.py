@@ -11,12 +11,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRABank, load_peft_adapter, mix_delta, save_peft_adapter
+from skillpool.adapters_store.lora import LoRAAdapter, load_peft_adapter, save_peft_adapter
+from skillpool.adapters_store.mixing import LoRABank, MixedLoRALinear, weighted_mix
 from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
-from skillpool.trainer.attentive import AttentiveLoRALinear, attentive_mix, new_block, train_attentive
+from skillpool.trainer.attentive import new_block, train_attentive
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.lora_train import Cancelled, Progress, _collate, answer_loss, encode_example, pad_id
-from tests.adapters_store.test_lora import random_adapter, tiny_llama
+from tests.adapters_store.test_lora import tiny_llama
 
 # the tiny random LLaMA learns slowly (near-uniform logits, embeddings of std 0.02): large rates, few steps
 CFG = TrainConfig(
@@ -53,7 +54,7 @@ def rows_mixed_loss(
     """Answer loss of the model with `blocks` mixed by per-row `weights` (the served model for that routing)."""
     batch = _collate([encode_example(tok, ex, CFG.max_seq_len) for ex in examples], pad_id(tok))
     shim = type("Shim", (), {"get_base_model": lambda self: model})()
-    with torch.no_grad(), attentive_mix(model, blocks) as mix:
+    with torch.no_grad(), weighted_mix(model, blocks) as mix:
         mix.set_weights(weights)
         return float(answer_loss(shim, batch))
 
@@ -102,35 +103,6 @@ def trained(tiny_base):  # type: ignore[no-untyped-def]
     }
 
 
-def test_wrapped_linears_equal_the_dense_mix_per_row() -> None:
-    model = tiny_llama()
-    a1, a2 = random_adapter(model, 4, 8, seed=1), random_adapter(model, 2, 2, seed=2, targets=("q_proj",))
-    weights = torch.tensor([[0.3, 0.7], [0.9, 0.1]])
-    x = torch.randint(0, 97, (2, 6))
-    with torch.no_grad(), attentive_mix(model, [a1, a2]) as mix:
-        assert all(isinstance(model.get_submodule(p), AttentiveLoRALinear) for p in a1.modules)
-        mix.set_weights(weights)
-        got = model(x).logits
-    assert not any(isinstance(m, AttentiveLoRALinear) for m in model.modules())  # restored on exit
-    for b in range(2):  # each row against W + Σ w_i s_i B_i A_i merged by hand (a2 only has q_proj)
-        ref = copy.deepcopy(model)
-        for path in a1.modules:
-            blocks = [(a.modules[path], float(weights[b, i])) for i, a in enumerate((a1, a2)) if path in a.modules]
-            layer = ref.get_submodule(path)
-            assert isinstance(layer, torch.nn.Linear)
-            layer.weight.data += mix_delta(blocks)
-        with torch.no_grad():
-            want = ref(x[b : b + 1]).logits[0]
-        assert torch.allclose(got[b], want, atol=1e-4), f"row {b}"
-    with torch.no_grad():
-        assert not torch.allclose(model(x).logits, got, atol=1e-3)  # the mix mattered
-    w = weights.clone().requires_grad_()
-    with attentive_mix(model, [a1, a2]) as mix:
-        mix.set_weights(w)
-        model(x).logits.square().mean().backward()
-    assert w.grad is not None and (w.grad != 0).all()  # the router learns from the LM loss through w
-
-
 def test_new_block_is_peft_like_and_leaves_the_global_rng_alone() -> None:
     model = tiny_llama()
     rng = torch.random.get_rng_state()
@@ -146,7 +118,7 @@ def test_training_inside_the_mix(trained) -> None:  # type: ignore[no-untyped-de
     model, tok, pooler, state, old, result = (trained[k] for k in ("model", "tok", "pooler", "state", "old", "result"))
     before = trained["before"]
     # the caller's model, frozen block and state are as they were
-    assert not any(isinstance(m, AttentiveLoRALinear) for m in model.modules())
+    assert not any(isinstance(m, MixedLoRALinear) for m in model.modules())
     after = model.state_dict()
     assert after.keys() == before["model"].keys() and all(torch.equal(after[k], v) for k, v in before["model"].items())
     assert {k: p.requires_grad for k, p in model.named_parameters()} == before["grad"]
@@ -183,7 +155,7 @@ def test_saved_block_serves_the_trained_mix(trained, tmp_path) -> None:  # type:
     texts = [NEW[0]["route_text"], OLD[0]["route_text"]]
     w = result.state.attention(pooler(texts))
     x = trained["tok"](texts, return_tensors="pt", padding=True)
-    with torch.no_grad(), attentive_mix(model, [old, result.adapter]) as mix:
+    with torch.no_grad(), weighted_mix(model, [old, result.adapter]) as mix:
         mix.set_weights(w)
         want = model(**x).logits
     bank = LoRABank(copy.deepcopy(model))
@@ -244,5 +216,5 @@ def test_cancel_gives_the_model_back(trained) -> None:  # type: ignore[no-untype
             {},
             should_stop=lambda: True,
         )
-    assert not any(isinstance(m, AttentiveLoRALinear) for m in model.modules())
+    assert not any(isinstance(m, MixedLoRALinear) for m in model.modules())
     assert not model.training and all(p.requires_grad for p in model.parameters())
