@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,18 +25,9 @@ from skillpool.adapters_store.mixing import WeightedMix, weighted_mix
 from skillpool.router.sapt import QueryProjector, SAPTState, TokenPooler
 
 from .config import TrainConfig
-from .lora_train import (
-    Cancelled,
-    Example,
-    Progress,
-    ProgressMeter,
-    _batches,
-    _collate,
-    answer_loss,
-    encode_example,
-    pad_id,
-    warmup_then_decay,
-)
+from .loop import Method, Progress, Schedule, TrainLoop, answer_loss
+from .lora_train import encode_example, pad_id, schedule_of
+from .records import Example
 
 
 @dataclass(frozen=True)
@@ -138,25 +128,8 @@ def train_attentive(
     model.requires_grad_(False)
     try:
         with weighted_mix(model, [*frozen, block], dropout=cfg.dropout) as mix:
-            model.train()
-            _fit(
-                model,
-                mix,
-                encoded,
-                pad_id(tokenizer),
-                pooled,
-                cfg,
-                state,
-                names,
-                frozen_keys,
-                key,
-                proj,
-                block,
-                replay_pooled,
-                route_weight,
-                on_progress,
-                should_stop,
-            )
+            method = SAPT(model, mix, pooled, state, names, frozen_keys, key, proj, block, replay_pooled, route_weight)
+            TrainLoop(method, encoded, pad_id(tokenizer), schedule_of(cfg), on_progress, should_stop).run()
     finally:
         model.train(was_training)
         for n, p in model.named_parameters():
@@ -173,73 +146,64 @@ def train_attentive(
     return AttentiveResult(adapter=adapter, state=new_state)
 
 
-def _fit(
-    model: nn.Module,
-    mix: WeightedMix,
-    encoded: Sequence[tuple[list[int], list[int]]],
-    pad_token_id: int,
-    pooled: Tensor,
-    cfg: TrainConfig,
-    state: SAPTState,
-    names: list[str],
-    frozen_keys: Tensor,
-    key: nn.Parameter,
-    proj: QueryProjector,
-    block: LoRAAdapter,
-    replay_pooled: Mapping[str, Tensor],
-    route_weight: float,
-    on_progress: Callable[[Progress], None] | None,
-    should_stop: Callable[[], bool] | None,
-) -> None:
-    """`fit`'s loop (batching, step count, warmup/decay, clip, progress, cancel) on the mixed model plus the router losses."""
-    s = state.settings
-    t = len(names) - 1
-    lora_params = [p for f in block.modules.values() for p in (f.A, f.B)]
-    # one block: the softmax is constant, so key and projector get no signal (as in `learn`) and stay out
-    router_params = [*proj.parameters(), key] if t > 0 else []
-    groups: list[dict[str, Any]] = [{"params": lora_params, "lr": cfg.learning_rate, "weight_decay": cfg.weight_decay}]
-    if router_params:
-        groups.append({"params": router_params, "lr": s.lr, "weight_decay": s.weight_decay})
-    opt = torch.optim.AdamW(groups)
-    rng = random.Random(cfg.seed)
-    lengths = [len(x) for x, _ in encoded]
-    total = max(1, math.ceil(math.ceil(len(encoded) / cfg.batch_size) * cfg.epochs))
-    sched = warmup_then_decay(opt, total, cfg.warmup_ratio)
-    targets = state.arm_targets(names, replay_pooled)
-    device = next(model.parameters()).device
-    lm = _Unwrapped(model)
-    if router_params:
-        proj.train()
-    meter = ProgressMeter(total, on_progress)
-    while meter.step < total:
-        for batch_ids in _batches(lengths, cfg.batch_size, rng):
-            if meter.step >= total:
-                break
-            if should_stop is not None and should_stop():
-                raise Cancelled()
-            batch = {k: v.to(device) for k, v in _collate([encoded[i] for i in batch_ids], pad_token_id).items()}
-            if t == 0:  # a single block: weight 1
-                mix.set_weights(torch.ones(len(batch_ids), 1))
-                loss = answer = answer_loss(lm, batch)
-            else:
-                keys = torch.cat([frozen_keys, key[None]])
-                logits = state.logits(pooled[batch_ids], proj, keys)
-                mix.set_weights(logits.softmax(-1))
-                answer = answer_loss(lm, batch)
-                loss = answer + route_weight * F.cross_entropy(logits, torch.full((len(batch_ids),), t))
-                if targets and s.arm_lambda > 0:
-                    loss = loss + s.arm_lambda * state.arm_loss(targets, proj, keys)
-            loss.backward()
-            mix.set_weights(None)  # drop the graph's last reference before the next batch
-            for params in (
-                lora_params,
-                router_params,
-            ):  # clipped apart: the router's CE must not shrink the block's step
-                if params:
-                    torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            # the answer loss alone, comparable with isolated training's
-            meter.count(int(batch["attention_mask"].sum()), float(answer.detach()))
-    proj.eval()
+class SAPT(Method):
+    """SAPT's hooks on the loop: the mix's attention weights from the projector and keys for each batch (t > 0;
+    a single block has weight 1), the answer loss of the mixed model + route CE + λ · ARM, and the router's
+    parameters as a second group (clipped apart: the router's CE must not shrink the block's step)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        mix: WeightedMix,
+        pooled: Tensor,
+        state: SAPTState,
+        names: list[str],
+        frozen_keys: Tensor,
+        key: nn.Parameter,
+        proj: QueryProjector,
+        block: LoRAAdapter,
+        replay_pooled: Mapping[str, Tensor],
+        route_weight: float,
+    ) -> None:
+        super().__init__(_Unwrapped(model))
+        self.mix, self.pooled, self.state, self.frozen_keys, self.key = mix, pooled, state, frozen_keys, key
+        self.proj, self.block, self.route_weight = proj, block, route_weight
+        self.t = len(names) - 1  # the new block's index in the mix
+        self.targets = state.arm_targets(names, replay_pooled)
+
+    def param_groups(self, schedule: Schedule) -> list[dict[str, Any]]:
+        lora = [p for f in self.block.modules.values() for p in (f.A, f.B)]
+        groups: list[dict[str, Any]] = [
+            {"params": lora, "lr": schedule.learning_rate, "weight_decay": schedule.weight_decay}
+        ]
+        # one block: the softmax is constant, so key and projector get no signal (as in `learn`) and stay out
+        if self.t > 0:
+            s = self.state.settings
+            groups.append({"params": [*self.proj.parameters(), self.key], "lr": s.lr, "weight_decay": s.weight_decay})
+        return groups
+
+    def start(self) -> None:
+        self.model.train()
+        if self.t > 0:
+            self.proj.train()
+
+    def finish(self) -> None:  # the model's own mode is train_attentive's to give back
+        self.proj.eval()
+
+    def loss(self, batch: dict[str, Tensor], ids: Sequence[int]) -> tuple[Tensor, Tensor]:
+        if self.t == 0:  # a single block: weight 1
+            self.mix.set_weights(torch.ones(len(ids), 1))
+            answer = answer_loss(self.model, batch)
+            return answer, answer
+        keys = torch.cat([self.frozen_keys, self.key[None]])
+        logits = self.state.logits(self.pooled[ids], self.proj, keys)
+        self.mix.set_weights(logits.softmax(-1))
+        answer = answer_loss(self.model, batch)  # reported alone: comparable with isolated training's
+        loss = answer + self.route_weight * F.cross_entropy(logits, torch.full((len(ids),), self.t))
+        s = self.state.settings
+        if self.targets and s.arm_lambda > 0:
+            loss = loss + s.arm_lambda * self.state.arm_loss(self.targets, self.proj, keys)
+        return loss, answer
+
+    def after_backward(self, loop: TrainLoop) -> None:
+        self.mix.set_weights(None)  # drop the graph's last reference before the next batch

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
-from .lora_train import Cancelled, Progress
+from .loop import Cancelled, Progress
 from .quality import QualityGateFailed
 from .records import PENDING, TERMINAL, Example, JobStatus
 

@@ -9,7 +9,6 @@ memory relies on. Only the trainable parameters (the new block) are fused; old b
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,9 +19,7 @@ from torch import Tensor, nn
 
 from skillpool.adapters_store.lora import LoRAAdapter, mix_delta
 
-from .lora_train import Cancelled, Progress, ProgressMeter, _batches, _collate, answer_loss, fit, warmup_then_decay
-
-Encoded = tuple[list[int], list[int]]  # (token ids, labels) as encode_example makes them
+from .loop import Encoded, Method, Progress, Schedule, TrainLoop
 
 ADAPTER = "default"  # the PEFT adapter name add_lora trains
 PEFT_PREFIX = "base_model.model."  # PEFT module names = this + the base model's module path
@@ -116,6 +113,57 @@ def _top_mask(importance: Tensor, share: float) -> Tensor:
     return mask.view_as(importance)
 
 
+class KIF(Method):
+    """Recurrent-KIF's hooks on the plain LoRA loop: at each cycle start a snapshot; after every backward the
+    importance EMA of the step's kind (task or memory); after each cycle's last task step one memory step,
+    then the masked fusion of the cycle's two updates."""
+
+    def __init__(self, peft_model: nn.Module, memory: Sequence[Encoded], settings: KIFSettings, seed: int) -> None:
+        super().__init__(peft_model)
+        self.memory, self.settings = memory, settings
+        self.memory_rng = random.Random(f"{seed}:kif-memory")  # its own stream: memory draws leave task batches be
+        self.params = [p for p in peft_model.parameters() if p.requires_grad]
+        self.imp_in = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]  # kept across cycles
+        self.imp_hist = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        self.importance, self.decay = self.imp_in, settings.ema_in  # which EMA the next backward feeds
+        self.start_point: list[Tensor] = []
+
+    def total_steps(self, task_steps: int) -> int:
+        return task_steps + -(-task_steps // self.settings.inner_steps)  # one outer step per (partial) cycle
+
+    def before_task_step(self, loop: TrainLoop) -> None:
+        if loop.task_steps % self.settings.inner_steps == 0:
+            self.start_point = [p.detach().clone() for p in self.params]
+
+    def after_backward(self, loop: TrainLoop) -> None:
+        with torch.no_grad():  # importance from the raw gradient at the θ it was taken at, before clip and step
+            for imp, p in zip(self.importance, self.params, strict=True):
+                if p.grad is not None:
+                    imp.mul_(self.decay).add_((p.grad.float() * p.float()).abs(), alpha=1 - self.decay)
+                else:
+                    imp.mul_(self.decay)
+
+    def after_task_step(self, loop: TrainLoop) -> None:
+        if loop.task_steps % self.settings.inner_steps and loop.task_steps < loop.task_total:
+            return  # mid-cycle
+        before_outer = [p.detach().clone() for p in self.params]
+        n, size = len(self.memory), loop.schedule.batch_size
+        # a small buffer still fills the batch, with repeats
+        picks = self.memory_rng.sample(range(n), size) if n >= size else self.memory_rng.choices(range(n), k=size)
+        self.importance, self.decay = self.imp_hist, self.settings.ema_hist
+        try:
+            loop.step([self.memory[i] for i in picks], picks, report=False)  # its loss stays out of the progress
+        finally:
+            self.importance, self.decay = self.imp_in, self.settings.ema_in
+        q = self.settings.top_q
+        with torch.no_grad():
+            for p, s, mid, i_in, i_hist in zip(
+                self.params, self.start_point, before_outer, self.imp_in, self.imp_hist, strict=True
+            ):
+                tau_in, tau_out = mid - s, p - mid
+                p.copy_(s + tau_in * _top_mask(i_in, q) + tau_out * _top_mask(i_hist, q))  # both add where both hold
+
+
 def fit_kif(
     peft_model: nn.Module,
     new: Sequence[Encoded],
@@ -138,76 +186,8 @@ def fit_kif(
     on a memory batch after every `inner_steps` new-task steps. Empty memory is plain `fit`. Returns
     `peft_model` with train mode off.
     """
-    if not memory:  # nothing to protect: KIF would only mask away useful updates
-        return fit(
-            peft_model,
-            new,
-            pad_token_id,
-            epochs=epochs,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            seed=seed,
-            weight_decay=weight_decay,
-            warmup_ratio=warmup_ratio,
-            on_progress=on_progress,
-            should_stop=should_stop,
-        )
-    if not new:
-        raise ValueError("nothing to train on: no encoded examples")
-    rng = random.Random(seed)  # same new-task batches as fit with this seed
-    memory_rng = random.Random(f"{seed}:kif-memory")  # independent stream, so memory draws don't shift them
-    lengths = [len(x) for x, _ in new]
-    inner_total = max(1, math.ceil(math.ceil(len(new) / batch_size) * epochs))
-    q = settings.inner_steps
-    total = inner_total + math.ceil(inner_total / q)  # one outer step per (possibly partial) cycle
-    params = [p for p in peft_model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
-    sched = warmup_then_decay(opt, total, warmup_ratio)
-    device = next(peft_model.parameters()).device
-    imp_in = [torch.zeros_like(p, dtype=torch.float32) for p in params]  # kept across cycles
-    imp_hist = [torch.zeros_like(p, dtype=torch.float32) for p in params]
-    meter = ProgressMeter(total, on_progress)  # its loss: the new task's, memory steps excluded
-
-    def train_step(items: Sequence[Encoded], importance: list[Tensor], decay: float, report_loss: bool) -> None:
-        if should_stop is not None and should_stop():
-            raise Cancelled()
-        batch = {k: v.to(device) for k, v in _collate(items, pad_token_id).items()}
-        loss = answer_loss(peft_model, batch)
-        loss.backward()
-        with torch.no_grad():  # importance from the raw gradient at the θ it was taken at, before clip and step
-            for imp, p in zip(importance, params, strict=True):
-                if p.grad is not None:
-                    imp.mul_(decay).add_((p.grad.float() * p.float()).abs(), alpha=1 - decay)
-                else:
-                    imp.mul_(decay)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        meter.count(int(batch["attention_mask"].sum()), float(loss.detach()) if report_loss else None)
-
-    def batches() -> Iterator[list[int]]:
-        while True:  # epochs of shuffled batches, as fit draws them
-            yield from _batches(lengths, batch_size, rng)
-
-    new_batches = batches()
-    inner_done = 0
-    peft_model.train()
-    while inner_done < inner_total:
-        start = [p.detach().clone() for p in params]
-        for _ in range(min(q, inner_total - inner_done)):
-            train_step([new[i] for i in next(new_batches)], imp_in, settings.ema_in, True)
-            inner_done += 1
-        before_outer = [p.detach().clone() for p in params]
-        if len(memory) >= batch_size:
-            picks = memory_rng.sample(range(len(memory)), batch_size)
-        else:  # a small buffer still fills the batch, with repeats
-            picks = memory_rng.choices(range(len(memory)), k=batch_size)
-        train_step([memory[i] for i in picks], imp_hist, settings.ema_hist, False)
-        with torch.no_grad():
-            for p, s, mid, i_in, i_hist in zip(params, start, before_outer, imp_in, imp_hist, strict=True):
-                tau_in, tau_out = mid - s, p - mid
-                m_in, m_out = _top_mask(i_in, settings.top_q), _top_mask(i_hist, settings.top_q)
-                p.copy_(s + tau_in * m_in + tau_out * m_out)  # both updates add where both masks hold
-    peft_model.eval()
+    schedule = Schedule(epochs, batch_size, learning_rate, seed, weight_decay, warmup_ratio)
+    # nothing to protect without memory: KIF would only mask away useful updates
+    method = KIF(peft_model, memory, settings, seed) if memory else Method(peft_model)
+    TrainLoop(method, new, pad_token_id, schedule, on_progress, should_stop).run()
     return peft_model

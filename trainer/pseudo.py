@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .lora_train import Progress, add_lora, fit, pad_id
+from .loop import Progress
+from .lora_train import add_lora, fit, pad_id
 
 GEN_PROMPT = "__gen__"
 _ATTEMPTS = 3  # generation rounds: empty samples are resampled at most twice

@@ -9,6 +9,7 @@ Methods:
   kif       Recurrent-KIF: the block starts from the router-weighted mix of the most similar blocks and
             trains in cycles of inner steps on the task and an outer step on the memory buffer (every
             earlier skill's stored samples), fused through importance masks (trainer/kif.py).
+All three run on one training loop (trainer/loop.py); each is a `Method` with its own hooks.
 """
 
 from __future__ import annotations
@@ -31,17 +32,13 @@ from .attentive import train_attentive
 from .config import TrainConfig, method_error
 from .judge import Judge, LocalJudge
 from .kif import KIFSettings, fit_kif, init_from_blocks
-from .lora_train import Progress, add_lora, encode_example, fit_config, pad_id, save_adapter
+from .loop import Progress
+from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapter
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
 from .records import Example
 
 log = logging.getLogger(__name__)
-
-
-def _as_dicts(examples: list[Example]) -> list[dict[str, Any]]:
-    """lora_train, kif and attentive still type an example as a plain dict (their loops are unified apart)."""
-    return cast(list[dict[str, Any]], examples)
 
 
 def split_examples(
@@ -142,7 +139,7 @@ class SkillTrainer:
                     model,
                     tok,
                     name,
-                    _as_dicts(train),
+                    train,
                     held_texts,
                     cfg,
                     warm,
@@ -169,7 +166,7 @@ class SkillTrainer:
                 if method == "kif":
                     training["kif"] = self._train_kif(name, peft_model, tok, train, cfg, on_progress, should_stop)
                 else:
-                    fit_config(peft_model, tok, _as_dicts(train), cfg, on_progress, should_stop)
+                    fit_config(peft_model, tok, train, cfg, on_progress, should_stop)
                 save_adapter(peft_model, folder, self.base.model_id)
                 model = cast(Any, peft_model).unload()  # the plain base model again, for the gate's routed generation
             attention = router_meta.get("sapt_attention")
@@ -224,7 +221,7 @@ class SkillTrainer:
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in earlier for e in rec.replay()]
         fit_kif(
             peft_model,
-            [encode_example(tok, e, cfg.max_seq_len) for e in _as_dicts(train)],
+            [encode_example(tok, e, cfg.max_seq_len) for e in train],
             memory,
             pad_id(tok),
             epochs=cfg.epochs,

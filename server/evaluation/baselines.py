@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from skillpool.trainer.config import TrainConfig
 
 if TYPE_CHECKING:
+    from skillpool.trainer.records import Example
+
     from .continual import Task
 
 
@@ -33,10 +35,11 @@ class Baselines:
         model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32)
         return add_lora(model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed)
 
-    def _fit(self, peft_model: Any, examples: list[dict[str, Any]], label: str) -> None:
+    def _fit(self, peft_model: Any, examples: list[Example], label: str) -> None:
         from tqdm import tqdm
 
-        from skillpool.trainer.lora_train import Progress, fit_config
+        from skillpool.trainer.loop import Progress
+        from skillpool.trainer.lora_train import fit_config
 
         bar = tqdm(desc=label, unit="step", dynamic_ncols=True)
         last = [0]

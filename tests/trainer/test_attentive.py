@@ -16,7 +16,8 @@ from skillpool.adapters_store.mixing import LoRABank, MixedLoRALinear, weighted_
 from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
 from skillpool.trainer.attentive import new_block, train_attentive
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.lora_train import Cancelled, Progress, _collate, answer_loss, encode_example, pad_id
+from skillpool.trainer.loop import Cancelled, Progress, answer_loss, collate
+from skillpool.trainer.lora_train import encode_example, pad_id
 from tests.adapters_store.test_lora import tiny_llama
 
 # the tiny random LLaMA learns slowly (near-uniform logits, embeddings of std 0.02): large rates, few steps
@@ -52,7 +53,7 @@ def rows_mixed_loss(
     model: Any, tok: Any, blocks: list[LoRAAdapter], weights: torch.Tensor, examples: list[dict[str, Any]]
 ) -> float:
     """Answer loss of the model with `blocks` mixed by per-row `weights` (the served model for that routing)."""
-    batch = _collate([encode_example(tok, ex, CFG.max_seq_len) for ex in examples], pad_id(tok))
+    batch = collate([encode_example(tok, ex, CFG.max_seq_len) for ex in examples], pad_id(tok))
     shim = type("Shim", (), {"get_base_model": lambda self: model})()
     with torch.no_grad(), weighted_mix(model, blocks) as mix:
         mix.set_weights(weights)

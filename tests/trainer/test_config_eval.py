@@ -58,7 +58,8 @@ def test_answer_loss_equals_the_models_own_loss(tiny_base) -> None:  # type: ign
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from skillpool.trainer.lora_train import _collate, answer_loss, encode_example
+    from skillpool.trainer.loop import answer_loss, collate
+    from skillpool.trainer.lora_train import encode_example
 
     tok = AutoTokenizer.from_pretrained(str(tiny_base.path))
     model = get_peft_model(
@@ -68,7 +69,7 @@ def test_answer_loss_equals_the_models_own_loss(tiny_base) -> None:  # type: ign
         {"messages": [{"role": "user", "content": c}], "answer": a}
         for c, a in [("Is it good?", "Yes, very"), ("Topic of: stocks fell", "Business")]
     ]
-    batch = _collate([encode_example(tok, e, 128) for e in exs], tok.pad_token_id)
+    batch = collate([encode_example(tok, e, 128) for e in exs], tok.pad_token_id)
     labels = batch["labels"]
     assert (labels != -100).sum() == sum(len(tok(e["answer"], add_special_tokens=False)["input_ids"]) + 1 for e in exs)
     with torch.no_grad():

@@ -10,16 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
 from skillpool.trainer.kif import KIFSettings, fit_kif, init_from_blocks
-from skillpool.trainer.lora_train import (
-    Cancelled,
-    Progress,
-    _collate,
-    add_lora,
-    answer_loss,
-    encode_example,
-    fit,
-    pad_id,
-)
+from skillpool.trainer.loop import Cancelled, Progress, answer_loss, collate
+from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id
 
 TARGETS = ("q_proj", "v_proj")
 Encoded = tuple[list[int], list[int]]
@@ -225,7 +217,7 @@ def test_memory_replay_protects_the_earlier_task(tiny_base, tok) -> None:  # typ
 
     def loss_on(model: nn.Module, data: list[Encoded]) -> float:
         with torch.no_grad():
-            return float(answer_loss(model, _collate(data, pad_id(tok))))
+            return float(answer_loss(model, collate(data, pad_id(tok))))
 
     first = peft_model(tiny_base, rank=4)
     untrained = loss_on(first, a)

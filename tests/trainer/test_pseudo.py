@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from skillpool.trainer.lora_train import Cancelled, Progress, _collate
+from skillpool.trainer.loop import Cancelled, Progress, collate
 from skillpool.trainer.pseudo import (
     GeneratorConfig,
     encode_text,
@@ -46,7 +46,7 @@ def load(tiny_base):  # type: ignore[no-untyped-def]
 
 
 def text_loss(model, tok, texts: list[str]) -> float:  # type: ignore[no-untyped-def]
-    batch = _collate([encode_text(tok, t, 64) for t in texts], tok.pad_token_id)
+    batch = collate([encode_text(tok, t, 64) for t in texts], tok.pad_token_id)
     with torch.no_grad():
         return float(model(**batch).loss)
 

@@ -1,0 +1,107 @@
+"""The one training loop with real PEFT on a tiny LLaMA: the schedule's step count, the hook order a method
+sees, extra steps that count without reporting a loss, per-seed determinism, and cancellation."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from skillpool.trainer.loop import Cancelled, Encoded, Method, Progress, Schedule, TrainLoop
+from skillpool.trainer.lora_train import add_lora
+from tests.adapters_store.test_lora import tiny_llama
+
+SCHEDULE = Schedule(epochs=1.5, batch_size=3, learning_rate=1e-2, seed=4, warmup_ratio=0.25)
+
+
+def examples(n: int, seed: int = 0) -> list[Encoded]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids = [rng.randrange(1, 97) for _ in range(rng.randrange(4, 10))]
+        out.append((ids, [-100] * 2 + ids[2:]))
+    return out
+
+
+def peft_model():  # type: ignore[no-untyped-def]
+    return add_lora(tiny_llama(), 2, 4.0, 0.0, ["q_proj", "v_proj"], seed=0)
+
+
+def trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+class Recording(Method):
+    """Plain training plus one unreported extra step on the first examples after every second task step."""
+
+    def __init__(self, model: torch.nn.Module, data: list[Encoded]) -> None:
+        super().__init__(model)
+        self.data, self.calls = data, []  # type: ignore[var-annotated]
+
+    def total_steps(self, task_steps: int) -> int:
+        return task_steps + task_steps // 2
+
+    def start(self) -> None:
+        self.calls.append("start")
+        super().start()
+
+    def before_task_step(self, loop: TrainLoop) -> None:
+        self.calls.append(f"before {loop.task_steps}")
+
+    def after_backward(self, loop: TrainLoop) -> None:
+        grads = [p.grad for p in self.model.parameters() if p.requires_grad]
+        self.calls.append("backward" if any(g is not None and g.abs().sum() > 0 for g in grads) else "no grad")
+
+    def after_task_step(self, loop: TrainLoop) -> None:
+        self.calls.append(f"after {loop.task_steps}")
+        if loop.task_steps % 2 == 0:
+            loop.step(self.data[:2], [0, 1], report=False)
+
+    def finish(self) -> None:
+        self.calls.append("finish")
+        super().finish()
+
+
+def test_steps_hooks_and_unreported_extra_steps() -> None:
+    data = examples(10)
+    model = peft_model()
+    before = trainable(model)
+    progress: list[Progress] = []
+    method = Recording(model, data)
+    TrainLoop(method, data, 0, SCHEDULE, progress.append).run()
+    task = math.ceil(math.ceil(10 / 3) * 1.5)  # 6 task steps, 3 extra
+    assert [p.step for p in progress] == list(range(1, task + task // 2 + 1))
+    assert all(p.total == task + task // 2 for p in progress)
+    assert method.calls[:7] == ["start", "before 0", "backward", "after 1", "before 1", "backward", "after 2"]
+    assert method.calls[7] == "backward" and method.calls[-1] == "finish"  # the extra step, then at the end
+    assert method.calls.count("backward") == len(progress)
+    extra = [i for i in range(len(progress)) if (i + 1) % 3 == 0]  # every third step is an extra one
+    assert all(progress[i].loss == progress[i - 1].loss for i in extra)  # its loss is not reported
+    assert all(progress[i].loss != progress[i - 1].loss for i in range(1, len(progress)) if i not in extra)
+    assert not model.training
+    after = trainable(model)
+    assert any(not torch.equal(after[n], v) for n, v in before.items())
+
+
+def test_same_seed_same_result_other_seed_other_batches() -> None:
+    data = examples(10)
+    runs = []
+    for seed in (4, 4, 5):
+        model = peft_model()
+        TrainLoop(Method(model), data, 0, Schedule(1.0, 3, 1e-2, seed)).run()
+        runs.append(trainable(model))
+    assert all(torch.equal(runs[0][n], runs[1][n]) for n in runs[0])
+    assert any(not torch.equal(runs[0][n], runs[2][n]) for n in runs[0])
+
+
+def test_cancel_and_empty_input() -> None:
+    model = peft_model()
+    stops = iter([False, False, True])
+    progress: list[Progress] = []
+    with pytest.raises(Cancelled):
+        TrainLoop(Method(model), examples(10), 0, SCHEDULE, progress.append, lambda: next(stops)).run()
+    assert len(progress) == 2 and not model.training  # two steps done, the method finished
+    with pytest.raises(ValueError, match="nothing to train on"):
+        TrainLoop(Method(model), [], 0, SCHEDULE)
