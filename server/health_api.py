@@ -1,0 +1,40 @@
+"""Health and metrics endpoints: GET /healthz (engine and routing alive; 503 otherwise) and GET /metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+if TYPE_CHECKING:
+    from .app import Components
+
+
+def install_health(app: FastAPI, c: Components) -> None:
+    m = c.metrics
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        ok = c.engine.healthy() and c.routing.alive()
+        body = {
+            "status": "ok" if ok else "unhealthy",
+            "model": c.base.model_id,
+            "engine": c.engine.name,
+            "skills": len(c.pool.records()),
+            "uptime_s": round(time.time() - c.started, 1),
+            **c.engine.stats(),
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        # gauges that are cheaper to read when scraped than to keep current
+        m.training_queue.set(c.jobs.depth())
+        stats = c.engine.stats()
+        m.queue_depth.set(stats["waiting"])
+        m.running.set(stats["running"])
+        m.resident_skills.set(stats["resident_skills"])
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
