@@ -3,7 +3,8 @@
 Keys and the events channel live under a prefix (default "skillpool"); trainer/keys.py names them all.
 Workers and servers share the skill store (a volume or object storage mounted at the same data dir).
 When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
-server loads that version from the store and starts routing to it.
+server loads that version from the store and starts routing to it. Retiring a skill or rolling it back
+publishes {"type": "skill_retired", "name"} or {"type": "skill_activated", "name", "version"} the same way.
 """
 
 from __future__ import annotations
@@ -74,8 +75,20 @@ class RedisJobQueue:
         return int(self.r.scard(self.keys.active))
 
     # --- API ----------------------------------------------------------------------------------
+    def add(self, job: Job) -> Job:
+        """Record a job that is not queued yet (its files are being validated)."""
+        with self.r.pipeline() as pipe:
+            pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
+            pipe.zadd(self.keys.jobs, {job.id: job.created_at})
+            pipe.execute()
+        return job
+
+    def update(self, job: Job) -> None:
+        self._save(job)
+
     def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
         job.status = JobStatus.QUEUED
+        job.log("Files validated, moving job to queued state")
         with self.r.pipeline() as pipe:  # MULTI/EXEC: a job is queued whole or not at all
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.zadd(self.keys.jobs, {job.id: job.created_at})
@@ -90,7 +103,9 @@ class RedisJobQueue:
         if job is None or job.status in TERMINAL:
             return job
         self.r.set(self.keys.cancel(job_id), 1)
-        if self.r.lrem(self.keys.queue, 0, job_id):  # still queued: no worker has it
+        if job.status == JobStatus.VALIDATING:  # not queued yet: its creator sees the cancel before queueing
+            self._finish(job, JobStatus.CANCELLED, None)
+        elif self.r.lrem(self.keys.queue, 0, job_id):  # still queued: no worker has it
             self.r.delete(self.keys.data(job_id))
             self._finish(job, JobStatus.CANCELLED, None)
         return self.get(job_id)
@@ -104,8 +119,8 @@ class RedisJobQueue:
             self._pubsub.close()
 
     # --- worker -------------------------------------------------------------------------------
-    def _finish(self, job: Job, status: JobStatus, error: str | None) -> None:
-        job.status, job.error, job.finished_at = status, error, time.time()
+    def _finish(self, job: Job, status: JobStatus, error: str | None, code: str | None = None) -> None:
+        job.finish(status, error, code)
         with self.r.pipeline() as pipe:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.srem(self.keys.active, job.id)
@@ -135,6 +150,7 @@ class RedisJobQueue:
                 continue
             data = json.loads(raw)
             job.status, job.started_at = JobStatus.RUNNING, time.time()
+            job.log("Fine-tuning job started")
             self._save(job)
             cancel_key = self.keys.cancel(job_id)
 

@@ -105,8 +105,10 @@ class SkillTrainer:
         on_progress: Callable[[Progress], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         force: bool = False,
+        extra_meta: dict[str, Any] | None = None,
     ) -> SkillRecord:
-        """Train, gate and store one skill. Raises QualityGateFailed (nothing stored) unless `force`."""
+        """Train, gate and store one skill. Raises QualityGateFailed (nothing stored) unless `force`.
+        `extra_meta` goes into meta.json as is (e.g. the OpenAI `fine_tuned_model` id the skill answers to)."""
         self.check_method(method)
         train, held, replay, probe = split_examples(examples, cfg)
         if self.sync_router:
@@ -181,6 +183,7 @@ class SkillTrainer:
                 write_adapter=lambda dst: _copy_files(folder, dst),
                 router_tensors=router_tensors,
                 meta={
+                    **(extra_meta or {}),
                     "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
                     "training": training,
                     "eval": quality["new"],
@@ -201,7 +204,7 @@ class SkillTrainer:
             return self.store.write(draft)
 
     def _record(self, name: str) -> SkillRecord:
-        rec = self.store.get(name)
+        rec = self.store.serving(name)  # the version that serves (a rollback may pin an older one)
         if rec is None:
             raise KeyError(f"skill {name!r} is in the router but not in the store at {self.store.root}")
         return rec
