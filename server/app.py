@@ -1,12 +1,12 @@
-"""FastAPI app: the components, /v1/models, /healthz and /metrics; the chat, task and admin routes are
-installed from chat_api, tasks_api and admin_api."""
+"""FastAPI app: the components, /healthz and /metrics; the chat, task, model, fine-tuning and admin routes
+come from chat_api, tasks_api, models_api, finetune (files, jobs) and admin_api."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -15,13 +15,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
+from skillpool.trainer.files import FileStore
 from skillpool.trainer.jobs import JobQueue
 
+from . import models_api
 from .admin_api import install_admin
 from .chat_api import install_chat
 from .config import ServerConfig
 from .engines import Engine
-from .errors import APIError, install_handlers
+from .errors import install_handlers
+from .finetune import files_api, jobs_api
 from .metrics import Metrics
 from .middleware import AuthAndCount
 from .routing import RoutingStage
@@ -44,6 +47,11 @@ class Components:
     metrics: Metrics
     started: float
 
+    @cached_property
+    def files(self) -> FileStore:
+        """Uploaded training files, in the data dir that servers and workers share."""
+        return FileStore(self.cfg.data_dir)
+
     def close(self) -> None:
         self.routing.close()
         self.jobs.close()
@@ -57,7 +65,7 @@ def create_app(c: Components) -> FastAPI:
     install_admin(app, c.router, c.metrics)
     m = c.metrics
 
-    app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=m)
+    app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=m, admin_key=c.cfg.admin_key)
 
     # --- health & metrics ---------------------------------------------------------------------
     @app.get("/healthz")
@@ -82,40 +90,11 @@ def create_app(c: Components) -> FastAPI:
         m.resident_skills.set(stats["resident_skills"])
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
-    # --- models -------------------------------------------------------------------------------
-    def model_objects() -> list[dict[str, Any]]:
-        created = int(c.started)
-        out = [
-            {"id": c.base.model_id, "object": "model", "created": created, "owned_by": "skillpool", "parent": None},
-            {"id": "auto", "object": "model", "created": created, "owned_by": "skillpool", "parent": c.base.model_id},
-        ]
-        for rec in c.pool.records():
-            out.append(
-                {
-                    "id": rec.name,
-                    "object": "model",
-                    "created": int(rec.meta.get("created", created)),
-                    "owned_by": "skillpool",
-                    "parent": c.base.model_id,
-                    "version": rec.version,
-                    "eval": rec.meta.get("eval"),
-                }
-            )
-        return out
-
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": model_objects()}
-
-    @app.get("/v1/models/{model_id}")
-    async def get_model(model_id: str) -> dict[str, Any]:
-        for obj in model_objects():
-            if obj["id"] == model_id:
-                return obj
-        raise APIError(404, f"The model '{model_id}' does not exist", "model", "model_not_found")
-
     install_chat(app, c)
 
     install_tasks(app, c)
+    app.include_router(models_api.api)
+    app.include_router(files_api.api)
+    app.include_router(jobs_api.api)
 
     return app

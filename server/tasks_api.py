@@ -94,6 +94,7 @@ def install_tasks(app: FastAPI, c: Components) -> None:
             examples=len(examples),
             force=force,
         )
+        job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
         c.jobs.submit(job, examples, cfg)
         return JSONResponse(job.to_dict(), status_code=202)
 
