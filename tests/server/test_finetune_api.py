@@ -207,6 +207,10 @@ def test_force_retire_and_rollback_are_for_the_admin(components, tiny_base, embe
             )
             body = {"model": "tiny-llama", "training_file": f.json()["id"], "metadata": {"force": "true"}}
             envelope(http, "POST", "/v1/fine_tuning/jobs", 403, "metadata.force", json=body, headers=user)
+            form = {"name": "s", "force": "true"}
+            envelope(
+                http, "POST", "/tasks", 403, "force", files={"file": ("s.jsonl", sst2(12))}, data=form, headers=user
+            )
             assert http.get("/v1/models", headers={"authorization": "Bearer admin"}).status_code == 200
             assert http.get("/v1/models", headers={"authorization": "Bearer nope"}).status_code == 401
     finally:
