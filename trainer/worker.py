@@ -47,12 +47,17 @@ def _as_dicts(examples: list[Example]) -> list[dict[str, Any]]:
 def split_examples(
     examples: list[Example], cfg: TrainConfig
 ) -> tuple[list[Example], list[Example], list[Example], list[Example]]:
-    """(train, eval, replay, probe): eval/probe are held out; replay is a small sample of train."""
+    """(train, eval, replay, probe): eval/probe are held out; replay is a small sample of train. Examples marked
+    `held_out` (a fine-tuning job's validation file) are the eval split; otherwise it is cut from the examples."""
     rng = random.Random(cfg.seed)
-    shuffled = list(examples)
+    shuffled = [e for e in examples if not e.get("held_out")]
+    given = [e for e in examples if e.get("held_out")]
     rng.shuffle(shuffled)
-    n_eval = min(cfg.max_eval_examples, math.ceil(len(shuffled) * cfg.eval_fraction)) if len(shuffled) >= 10 else 0
-    held, train = shuffled[:n_eval], shuffled[n_eval:]
+    if given:
+        held, train = given[: cfg.max_eval_examples], shuffled
+    else:
+        n_eval = min(cfg.max_eval_examples, math.ceil(len(shuffled) * cfg.eval_fraction)) if len(shuffled) >= 10 else 0
+        held, train = shuffled[:n_eval], shuffled[n_eval:]
     replay = rng.sample(train, max(1, round(len(train) * cfg.replay_fraction))) if train else []
     return train, held, replay, held[: cfg.probe_size]
 

@@ -180,6 +180,7 @@ def validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
     if job is None or job.status in TERMINAL or job.fine_tuning is None:  # cancelled meanwhile
         return
     examples: list[Example] = []
+    held: list[Example] = []
     for param in ("training_file", "validation_file"):
         file_id = job.fine_tuning.get(param)
         if file_id is None:
@@ -200,7 +201,10 @@ def validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
             return
         if param == "training_file":
             examples = rows
+        else:  # the held-out split the quality gate scores (trainer.worker.split_examples)
+            held = [{**r, "held_out": True} for r in rows]  # type: ignore[typeddict-item]
     job.examples = len(examples)
+    examples = examples + held
     current = c.jobs.get(job_id)
     if current is None or current.status in TERMINAL:  # cancelled while we validated
         return

@@ -88,9 +88,16 @@ def test_files_round_trip(client: OpenAI, http: TestClient) -> None:
 
 def test_job_trains_a_skill_that_chat_and_models_serve(client: OpenAI, http: TestClient, components) -> None:  # type: ignore[no-untyped-def]
     f = client.files.create(file=("sst2.jsonl", sst2(40)), purpose="fine-tune")
+    valid = client.files.create(file=("valid.jsonl", b"\n".join(sst2(52).splitlines()[40:])), purpose="fine-tune")
     job = strict(
         client.fine_tuning.jobs.create(
-            model="tiny-llama", training_file=f.id, suffix="sst", seed=7, hyperparameters=FAST, metadata=SETTINGS
+            model="tiny-llama",
+            training_file=f.id,
+            validation_file=valid.id,
+            suffix="sst",
+            seed=7,
+            hyperparameters=FAST,
+            metadata=SETTINGS,
         )
     )
     assert job.status in ("validating_files", "queued", "running") and job.error is None
@@ -100,7 +107,7 @@ def test_job_trains_a_skill_that_chat_and_models_serve(client: OpenAI, http: Tes
     short = job.id[-8:]
     assert done.fine_tuned_model == f"ft:tiny-llama:sst:{short}" and done.trained_tokens and done.trained_tokens > 0
     assert done.seed == 7 and done.hyperparameters.n_epochs == 1 and done.hyperparameters.batch_size == 8
-    assert done.finished_at and done.training_file == f.id
+    assert done.finished_at and done.training_file == f.id and done.validation_file == valid.id
 
     events = [strict(e) for e in client.fine_tuning.jobs.list_events(job.id, limit=100).data]
     assert all(isinstance(e, FineTuningJobEvent) for e in events)
@@ -112,6 +119,8 @@ def test_job_trains_a_skill_that_chat_and_models_serve(client: OpenAI, http: Tes
     assert steps and all(e.data["train_loss"] is not None for e in steps)  # type: ignore[index]
     gate = [e for e in events if e.message.startswith("Evaluation")]
     assert gate and "quality gate failed (forced)" in gate[0].message
+    assert gate[0].data["quality"]["new"]["n"] == 12  # type: ignore[index]  # the validation file is the held-out split
+    assert components.store.get(f"sst-{short}").meta["samples"]["train"] == 40  # and all 40 training rows trained
     page = client.fine_tuning.jobs.list_events(job.id, limit=2)
     assert len(page.data) == 2 and page.has_more
 
