@@ -291,8 +291,15 @@ def _log_gate(job: Job, report: dict[str, Any]) -> None:
         return
     parts = [f"{k}={new[k]:.3f}" for k in ("score", "base_score", "trivial_score", "gain") if new.get(k) is not None]
     verdict = "passed" if report.get("passed") else "failed" + (" (forced)" if job.force else "")
+    earlier = report.get("earlier") or {}
+    drops = (
+        f"; {len(earlier)} earlier skill(s) re-checked, largest drop {max(r['drop'] for r in earlier.values()):.3f}"
+        if earlier
+        else ""
+    )
     job.log(
-        f"Evaluation ({new.get('metric')}, {new.get('n')} held-out examples): {', '.join(parts)}; quality gate {verdict}",
+        f"Evaluation ({new.get('metric')}, {new.get('n')} held-out examples): {', '.join(parts)}{drops}; "
+        f"quality gate {verdict}",
         level="info" if report.get("passed") or job.force else "warn",
         kind="metrics",
         data={"quality": report},

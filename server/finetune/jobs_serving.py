@@ -5,6 +5,7 @@ files are validated after the response (status `validating_files`), and a Job re
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,8 @@ from .protocol import (
 
 if TYPE_CHECKING:
     from ..app import Components
+
+log = logging.getLogger(__name__)
 
 OPENAI_STATUS = {JobStatus.VALIDATING: "validating_files"}  # every other JobStatus value is OpenAI's already
 _SUFFIX = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,38}[a-z0-9])?$")  # + "-<8 hex>" stays a valid skill name
@@ -175,7 +178,19 @@ def _read(c: Components, file_id: str, param: str) -> list[Example]:
 
 
 def validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
-    """Validate the job's files line by line; queue it, or fail it naming the first bad line and field."""
+    """Validate the job's files line by line; queue it, or fail it naming the first bad line and field. Runs
+    after the response: whatever goes wrong here must end the job, never leave it validating."""
+    try:
+        _validate_and_queue(c, job_id, cfg)
+    except Exception as e:
+        log.exception("validating fine-tuning job %s failed", job_id)
+        job = c.jobs.get(job_id)
+        if job is not None and job.status not in TERMINAL:
+            job.finish(JobStatus.FAILED, f"validation failed: {type(e).__name__}: {e}", "validation_error")
+            c.jobs.update(job)
+
+
+def _validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
     job = c.jobs.get(job_id)
     if job is None or job.status in TERMINAL or job.fine_tuning is None:  # cancelled meanwhile
         return
@@ -198,6 +213,7 @@ def validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
                 param,
             )
             c.jobs.update(job)
+            c.metrics.training_jobs.labels(job.status).inc()  # as the queues count the jobs they end
             return
         if param == "training_file":
             examples = rows
