@@ -25,6 +25,7 @@ class SkillPool:
         self.store, self.engine, self.router, self.base, self.metrics = store, engine, router, base, metrics
         self._records: dict[str, SkillRecord] = {}
         self._aliases: dict[str, str] = {}  # fine_tuned_model id -> skill name
+        self._broken: set[tuple[str, int]] = set()  # versions that failed to load: not retried by every resync
         self._probe_feats: dict[tuple[str, int], Features] = {}  # probe features, computed once per version
         self._lock = threading.Lock()
 
@@ -103,6 +104,9 @@ class SkillPool:
         """A worker elsewhere stored a skill version, or a server retired or rolled back a skill: follow the
         shared store (the state it says, not only the event, so a late or repeated event does no harm)."""
         kind, name = event.get("type"), str(event.get("name"))
+        if kind == "resync":
+            self.reconcile()
+            return
         if kind == "skill_retired":
             if self.store.serving(name) is None:
                 self.unregister(name)
@@ -124,6 +128,22 @@ class SkillPool:
             log.error("skill %s v%d announced but not in the store at %s", name, version, self.store.root)
             return
         self.register(rec)
+
+    def reconcile(self) -> None:
+        """Serve exactly what the shared store says serves: catches up on events this server missed (its
+        Redis connection dropped while another server retired, rolled back or registered a skill)."""
+        serving = {rec.name: rec for rec in self.store.list_latest()}
+        for name in [n for n in self._records if n not in serving]:
+            self.unregister(name)
+        for name, rec in serving.items():
+            have = self._records.get(name)
+            if (have is not None and have.version == rec.version) or (name, rec.version) in self._broken:
+                continue
+            try:
+                self.register(rec)
+            except Exception as e:  # one broken skill must not stop the others
+                self._broken.add((name, rec.version))
+                log.error("not serving skill %s v%d: %s", name, rec.version, e)
 
     def get(self, name: str) -> SkillRecord | None:
         return self._records.get(name)

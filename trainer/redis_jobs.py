@@ -5,6 +5,8 @@ Workers and servers share the skill store (a volume or object storage mounted at
 When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
 server loads that version from the store and starts routing to it. Retiring a skill or rolling it back
 publishes {"type": "skill_retired", "name"} or {"type": "skill_activated", "name", "version"} the same way.
+Pub/sub drops what is published while a subscriber is disconnected, so every `resync_s` the listener also
+hands on_event {"type": "resync"}: the server then serves exactly what the shared store says.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class RedisJobQueue:
         on_finish: Callable[[Job], None] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         prefix: str = DEFAULT_PREFIX,
+        resync_s: float = 60.0,
     ) -> None:
         """`runner` None: enqueue only (no worker here). `on_event`: called for every published event."""
         self.r = redis.Redis.from_url(url, decode_responses=True)
@@ -47,6 +50,7 @@ class RedisJobQueue:
             raise ConnectionError(f"cannot reach Redis at {url}: {e}") from e
         self.keys = RedisKeys(prefix)
         self.runner, self.on_success, self.on_finish, self.on_event = runner, on_success, on_finish, on_event
+        self.resync_s = resync_s
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         if runner is not None:
@@ -170,7 +174,14 @@ class RedisJobQueue:
 
     def _listen(self) -> None:
         assert self.on_event is not None
+        next_resync = time.monotonic() + self.resync_s
         while not self._closed.is_set():
+            if time.monotonic() >= next_resync:
+                next_resync = time.monotonic() + self.resync_s
+                try:
+                    self.on_event({"type": "resync"})
+                except Exception:
+                    log.exception("resync with the skill store failed")
             try:
                 msg = self._pubsub.get_message(timeout=1.0)
             except (redis.RedisError, ValueError, AttributeError):

@@ -153,6 +153,17 @@ def test_job_trains_a_skill_that_chat_and_models_serve(client: OpenAI, http: Tes
     envelope(http, "DELETE", "/v1/models/tiny-llama", 400, "model")
 
 
+def test_a_resync_catches_up_with_the_store(components) -> None:  # type: ignore[no-untyped-def]
+    """A retire or rollback whose event this server missed: the periodic resync follows the shared store."""
+    [name] = [rec.name for rec in components.pool.records()]  # served again after the rollback above
+    components.store.retire(name)  # as another server does; no event reaches this one
+    components.pool.on_event({"type": "resync"})
+    assert components.pool.get(name) is None and name not in components.router.skills
+    components.store.activate(name)
+    components.pool.on_event({"type": "resync"})
+    assert components.pool.get(name) is not None and name in components.router.skills
+
+
 def test_a_bad_line_fails_the_job_naming_line_and_field(client: OpenAI) -> None:
     lines = sst2(12).splitlines()
     lines[2] = json.dumps(

@@ -58,3 +58,15 @@ def test_retire_and_rollback_reach_every_server(redis_url, tiny_base, embedder, 
     finally:
         a.close()
         b.close()
+
+
+def test_the_event_listener_resyncs_periodically(redis_url) -> None:  # type: ignore[no-untyped-def]
+    """Pub/sub loses what is published while a server is disconnected: the listener asks for a resync."""
+    from skillpool.trainer.redis_jobs import RedisJobQueue
+
+    seen: list[dict[str, object]] = []
+    queue = RedisJobQueue(redis_url, None, on_event=seen.append, prefix=f"t-{uuid.uuid4().hex[:8]}", resync_s=0.2)
+    try:
+        until(lambda: {"type": "resync"} in seen, timeout=10)
+    finally:
+        queue.close()
