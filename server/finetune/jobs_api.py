@@ -43,7 +43,11 @@ async def create(request: Request, body: FineTuningJobCreate, background: Backgr
 @api.get("")
 async def list_jobs(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
     c = _components(request)
-    return page([to_openai(j, c.base.model_id) for j in c.jobs.list()], after, limit)  # newest first, as /tasks
+    # the openai client sends metadata={"k": "v"} as metadata[k]=v; a job must carry every pair
+    wanted = {k[len("metadata[") : -1]: v for k, v in request.query_params.items() if k.startswith("metadata[")}
+    jobs = [to_openai(j, c.base.model_id) for j in c.jobs.list()]  # newest first, as /tasks lists them
+    jobs = [j for j in jobs if all((j.metadata or {}).get(k) == v for k, v in wanted.items())]
+    return page(jobs, after, limit)
 
 
 @api.get("/{job_id}")

@@ -192,6 +192,9 @@ def test_cancel_list_and_request_errors(client: OpenAI, http: TestClient) -> Non
 
     first = client.fine_tuning.jobs.list(limit=1)
     assert len(first.data) == 1 and first.has_more and first.data[0].id == job.id  # newest first
+    tagged = client.fine_tuning.jobs.list(metadata={"force": "true"}).data  # only the first job carried it
+    assert len(tagged) == 1 and tagged[0].id != job.id and tagged[0].metadata == SETTINGS
+    assert client.fine_tuning.jobs.list(metadata={"force": "false"}).data == []
     rest = client.fine_tuning.jobs.list(limit=100, after=job.id)
     assert job.id not in [j.id for j in rest.data] and rest.data
     assert all(isinstance(strict(j), FineTuningJob) for j in rest.data)  # /tasks jobs read back in the same shape
