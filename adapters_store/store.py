@@ -4,8 +4,11 @@ Layout under the data dir:
     skills/<name>/v<N>/adapter_config.json, adapter_model.safetensors   (plain PEFT LoRA)
                        router.safetensors                                (the router's tensors)
                        meta.json  replay.json  probe.json  pseudo.json
+                 state.json                                              (lifecycle: retired, pinned version)
     tmp/                                                                 (in-progress writes)
 Only safetensors and JSON are ever read back; names are validated slugs, never raw paths.
+Retiring or rolling back never deletes a version: `state.json` says which one serves (the newest unless
+pinned) and whether the skill is retired, so every server reading the shared store agrees after a restart.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ ROUTER = "router.safetensors"
 REPLAY = "replay.json"
 PROBE = "probe.json"
 PSEUDO = "pseudo.json"  # SAPT generator samples (trainer/pseudo.py); absent in older skills
+STATE = "state.json"  # per skill, beside its versions: {"retired": bool, "pinned": int | None}
 _VERSION = re.compile(r"^v(\d+)$")
 
 
@@ -95,6 +99,50 @@ class SkillStore:
         for p in self.tmp_dir.iterdir():
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
+    def state(self, name: str) -> dict[str, Any]:
+        """The skill's lifecycle state: {"retired": bool, "pinned": version or None}."""
+        path = self.skills_dir / validate_skill_name(name) / STATE
+        raw = json.loads(path.read_text()) if path.is_file() else {}
+        return {"retired": bool(raw.get("retired", False)), "pinned": raw.get("pinned")}
+
+    def _set_state(self, name: str, retired: bool, pinned: int | None) -> None:
+        folder = self.skills_dir / validate_skill_name(name)
+        tmp = folder / f".{STATE}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(json.dumps({"retired": retired, "pinned": pinned}))
+        os.replace(tmp, folder / STATE)  # atomic: a reader sees the old state or the new one
+
+    def retire(self, name: str) -> SkillRecord:
+        """Stop serving `name`; every version stays on disk for a rollback. KeyError if it has none."""
+        rec = self.get(name)
+        if rec is None:
+            raise KeyError(name)
+        with self._lock:
+            self._set_state(name, True, self.state(name)["pinned"])
+        return rec
+
+    def activate(self, name: str, version: int | None = None) -> SkillRecord:
+        """Serve `name` again (un-retire), at `version` (pinned) or, with None, at its newest version."""
+        versions = self._versions(validate_skill_name(name))
+        if not versions or (version is not None and version not in versions):
+            raise KeyError(f"{name} v{version}" if version is not None else name)
+        with self._lock:
+            self._set_state(name, False, version)
+        rec = self.get(name, version if version is not None else versions[-1])
+        assert rec is not None
+        return rec
+
+    def versions(self, name: str) -> list[SkillRecord]:
+        """Every complete version of `name`, oldest first (retired or not)."""
+        return [r for v in self._versions(validate_skill_name(name)) if (r := self.get(name, v)) is not None]
+
+    def serving(self, name: str) -> SkillRecord | None:
+        """The version that serves: the pinned one, else the newest; None when retired or absent."""
+        state = self.state(name)
+        if state["retired"]:
+            return None
+        pinned = state["pinned"]
+        return (self.get(name, int(pinned)) if pinned is not None else None) or self.get(name)
+
     def _versions(self, name: str) -> list[int]:
         d = self.skills_dir / name
         if not d.is_dir():
@@ -116,6 +164,8 @@ class SkillStore:
             (tmp / PSEUDO).write_text(json.dumps(draft.pseudo))
             (self.skills_dir / name).mkdir(exist_ok=True)
             with self._lock:
+                if (self.skills_dir / name / STATE).is_file():  # a new version serves (and revives) the skill
+                    self._set_state(name, False, None)
                 version = (self._versions(name) or [0])[-1] + 1
                 while True:
                     meta = {**draft.meta, "name": name, "version": version, "created": time.time()}
@@ -146,11 +196,13 @@ class SkillStore:
         return SkillRecord(name=name, version=v, path=path, meta=json.loads((path / META).read_text()))
 
     def list_latest(self) -> list[SkillRecord]:
-        """The newest complete version of every skill, by name."""
+        """The serving version (newest unless pinned by a rollback) of every skill that is not retired, by name."""
         out = []
         for d in sorted(self.skills_dir.iterdir()):
+            if not d.is_dir():
+                continue
             try:
-                rec = self.get(d.name)
+                rec = self.serving(d.name)
             except ValueError:
                 log.warning("ignoring %s: not a valid skill folder name", d)
                 continue

@@ -1,27 +1,30 @@
-"""FastAPI app: the components and the routes, installed from health_api (/healthz, /metrics), models_api
-(/v1/models), chat_api, tasks_api and admin_api."""
+"""FastAPI app: the components and the routes, installed from health_api (/healthz, /metrics), chat_api,
+tasks_api, models_api (models, retire, rollback), finetune (files, jobs) and admin_api."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 from fastapi import FastAPI
 
 from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
+from skillpool.trainer.files import FileStore
 from skillpool.trainer.jobs import JobQueue
 
+from . import models_api
 from .admin_api import install_admin
 from .chat_api import install_chat
 from .config import ServerConfig
 from .engines import Engine
 from .errors import install_handlers
+from .finetune import files_api, jobs_api
 from .health_api import install_health
 from .metrics import Metrics
 from .middleware import AuthAndCount
-from .models_api import install_models
 from .routing import RoutingStage
 from .skills import SkillPool
 from .tasks_api import install_tasks
@@ -42,6 +45,11 @@ class Components:
     metrics: Metrics
     started: float
 
+    @cached_property
+    def files(self) -> FileStore:
+        """Uploaded training files, in the data dir that servers and workers share."""
+        return FileStore(self.cfg.data_dir)
+
     def close(self) -> None:
         self.routing.close()
         self.jobs.close()
@@ -53,11 +61,13 @@ def create_app(c: Components) -> FastAPI:
     app.state.components = c
     install_handlers(app)
     install_admin(app, c.router, c.metrics)
-    app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=c.metrics)
+    app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=c.metrics, admin_key=c.cfg.admin_key)
 
     install_health(app, c)
-    install_models(app, c)
     install_chat(app, c)
     install_tasks(app, c)
+    app.include_router(models_api.api)
+    app.include_router(files_api.api)
+    app.include_router(jobs_api.api)
 
     return app

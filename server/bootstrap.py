@@ -33,7 +33,11 @@ def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
                 metrics.training_loss.labels(job.skill).set(p.loss)
             metrics.training_tokens_per_s.labels(job.skill).set(p.tokens_per_s)
 
-        return trainer.run(job.skill, examples, train_cfg, job.method, report, should_stop, force=job.force)
+        alias = (job.fine_tuning or {}).get("fine_tuned_model")  # the OpenAI model id the skill answers to
+        extra = {"fine_tuned_model": alias, "fine_tuning_job": job.id} if alias else None
+        return trainer.run(
+            job.skill, examples, train_cfg, job.method, report, should_stop, force=job.force, extra_meta=extra
+        )
 
     return run
 
@@ -113,7 +117,9 @@ def build_components(
     else:
         if runner is None:
             raise ValueError("without a Redis URL this server must run the trainer itself")
-        jobs = LocalJobQueue(cfg.data_dir / "jobs", runner=runner, on_success=pool.register, on_finish=count)
+        jobs = LocalJobQueue(
+            cfg.data_dir / "jobs", runner=runner, on_success=pool.register, on_finish=count, on_event=pool.on_event
+        )
     routing = RoutingStage(
         router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_loaded_skills, cfg.max_waiting
     )

@@ -33,14 +33,15 @@ log = logging.getLogger(__name__)
 
 
 def _target(c: Components, model: str) -> Target:
-    """'auto' routes; the base model id (or 'base') means no adapter; a skill name forces that skill;
+    """'auto' routes; the base model id (or 'base') means no adapter; a skill name (or a fine-tuning job's
+    fine_tuned_model id) forces that skill;
     'skill=weight,skill=weight' forces that mix (weights renormalized)."""
     if model == "auto":
         return "auto"
     if model in (c.base.model_id, "base"):
         return "base"
-    if c.pool.get(model) is not None:
-        return model
+    if (skill := c.pool.resolve(model)) is not None:  # a skill name or its fine_tuned_model id
+        return skill
     if "=" in model:
         return _explicit_mix(c, model)
     raise APIError(

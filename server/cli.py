@@ -95,6 +95,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=os.environ.get("SKILLPOOL_API_KEY"),
         help="require this bearer token (env SKILLPOOL_API_KEY)",
     )
+    p.add_argument(
+        "--admin-key",
+        default=os.environ.get("SKILLPOOL_ADMIN_KEY"),
+        help="bearer token for admin actions: force, retire, rollback (env SKILLPOOL_ADMIN_KEY; default: any caller)",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--engine", choices=ENGINES, default=d.engine, help="the engine that generates")
     p.add_argument(
@@ -212,6 +217,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         api_key=args.api_key,
+        admin_key=args.admin_key,
         device=args.device,
         engine=args.engine,
         batch_window_s=args.batch_window_ms / 1000,

@@ -16,6 +16,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # when set, /v1 and /tasks need "Authorization: Bearer <key>"
+    admin_key: str | None = None  # when set, only this bearer may force, retire or roll back; None: any caller
     device: str | None = None  # None: cuda if available, else cpu
     engine: str = "hf"  # which engine serves (server.engines.ENGINES)
     batch_window_s: float = 0.01  # routing: how long the first request waits for company to embed with

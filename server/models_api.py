@@ -1,47 +1,150 @@
-"""OpenAI model listing: GET /v1/models and GET /v1/models/{id} — the base model, `auto` (routed), and
-every registered skill with its version and held-out evaluation."""
+"""/v1/models and the skill lifecycle: list and retrieve (with a skill's versions and quality report),
+DELETE retires a skill, POST …/rollback serves an earlier version again (admin).
+
+Retire and rollback write the shared store's state first (adapters_store: nothing is deleted), act on this
+server, then publish an event so that every other server follows without a restart; a server that was
+down reads the same state when it starts.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
+
+from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
+from skillpool.adapters_store.store import SkillRecord
 
 from .errors import APIError
+from .middleware import is_admin
 
 if TYPE_CHECKING:
     from .app import Components
 
+api = APIRouter(prefix="/v1/models")
+
+
+class Rollback(BaseModel):
+    version: int | None = None  # None: the newest stored version
+
+
+def _components(request: Request) -> Components:
+    c: Components = request.app.state.components
+    return c
+
+
+def _not_found(model_id: str) -> APIError:
+    return APIError(404, f"The model '{model_id}' does not exist", "model", "model_not_found")
+
+
+def _skill_object(c: Components, rec: SkillRecord) -> dict[str, Any]:
+    alias = rec.meta.get("fine_tuned_model")
+    return {
+        "id": alias or rec.name,
+        "object": "model",
+        "created": int(rec.meta.get("created", c.started)),
+        "owned_by": "skillpool",
+        "parent": c.base.model_id,
+        "skill": rec.name,
+        "version": rec.version,
+        "eval": rec.meta.get("eval"),
+    }
+
 
 def model_objects(c: Components) -> list[dict[str, Any]]:
     created = int(c.started)
-    out = [
+    return [
         {"id": c.base.model_id, "object": "model", "created": created, "owned_by": "skillpool", "parent": None},
         {"id": "auto", "object": "model", "created": created, "owned_by": "skillpool", "parent": c.base.model_id},
+        *(_skill_object(c, rec) for rec in c.pool.records()),
     ]
-    for rec in c.pool.records():
-        out.append(
+
+
+def stored_skill(model_id: str) -> str | None:
+    """The skill name a model id names in the store, served or not: a skill name, or a fine-tuning job's
+    `ft:<base>:<suffix>:<short>` (its skill is `<suffix or ft>-<short>`, server.finetune.jobs_serving)."""
+    name = model_id
+    if model_id.startswith("ft:"):
+        parts = model_id.split(":")
+        if len(parts) != 4:
+            return None
+        name = f"{parts[2] or 'ft'}-{parts[3]}"
+    try:
+        return validate_skill_name(name)
+    except InvalidSkillName:
+        return None
+
+
+def _versions(c: Components, name: str) -> dict[str, Any]:
+    serving = c.store.serving(name)
+    return {
+        "versions": [
             {
-                "id": rec.name,
-                "object": "model",
-                "created": int(rec.meta.get("created", created)),
-                "owned_by": "skillpool",
-                "parent": c.base.model_id,
-                "version": rec.version,
-                "eval": rec.meta.get("eval"),
+                "version": r.version,
+                "created": int(r.meta.get("created", 0)),
+                "serving": serving is not None and r.version == serving.version,
+                "eval": r.meta.get("eval"),
+                "training": r.meta.get("training"),
             }
-        )
-    return out
+            for r in c.store.versions(name)
+        ],
+        "quality": serving.meta.get("quality") if serving else None,
+        "state": c.store.state(name),
+    }
 
 
-def install_models(app: FastAPI, c: Components) -> None:
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": model_objects(c)}
+def _require_admin(request: Request, c: Components, what: str) -> None:
+    if not is_admin(request.headers, c.cfg.admin_key):
+        raise APIError(403, f"{what} is for the admin (the --admin-key bearer)", None, "permission_denied")
 
-    @app.get("/v1/models/{model_id}")
-    async def get_model(model_id: str) -> dict[str, Any]:
-        for obj in model_objects(c):
-            if obj["id"] == model_id:
-                return obj
-        raise APIError(404, f"The model '{model_id}' does not exist", "model", "model_not_found")
+
+@api.get("")
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": model_objects(_components(request))}
+
+
+@api.get("/{model_id}")
+async def retrieve_model(request: Request, model_id: str) -> dict[str, Any]:
+    c = _components(request)
+    name = c.pool.resolve(model_id)
+    if name is not None and (rec := c.pool.get(name)) is not None:
+        return {**_skill_object(c, rec), **_versions(c, name)}
+    for obj in model_objects(c)[:2]:
+        if obj["id"] == model_id:
+            return obj
+    raise _not_found(model_id)
+
+
+@api.delete("/{model_id}")
+async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
+    """Retire a skill: no longer routed, forced or listed; its versions stay in the store for a rollback."""
+    c = _components(request)
+    if model_id in (c.base.model_id, "auto", "base"):
+        raise APIError(400, f"'{model_id}' is not a skill and cannot be deleted", "model", "invalid_value")
+    name = c.pool.resolve(model_id)
+    if name is None:
+        raise _not_found(model_id)
+    _require_admin(request, c, "deleting a model")
+    c.store.retire(name)
+    c.pool.unregister(name)
+    c.jobs.publish({"type": "skill_retired", "name": name})
+    return {"id": model_id, "object": "model", "deleted": True}
+
+
+@api.post("/{model_id}/rollback")
+async def rollback_model(request: Request, model_id: str, body: Rollback | None = None) -> dict[str, Any]:
+    """Serve a stored version of a skill again (retired or not): `version`, or the newest with none."""
+    c = _components(request)
+    name = stored_skill(model_id)
+    if name is None or not c.store.versions(name):
+        raise _not_found(model_id)
+    _require_admin(request, c, "rolling back a model")
+    version = body.version if body is not None else None
+    try:
+        rec = c.store.activate(name, version)
+    except KeyError:
+        raise APIError(404, f"'{model_id}' has no version {version}", "version", "version_not_found") from None
+    c.pool.register(rec)
+    c.jobs.publish({"type": "skill_activated", "name": name, "version": rec.version})
+    return {**_skill_object(c, rec), **_versions(c, name)}

@@ -1,4 +1,9 @@
-"""The live skill pool: what is registered in the engine and the router, kept in step."""
+"""The live skill pool: what is registered in the engine and the router, kept in step.
+
+Skills trained by /v1/fine_tuning/jobs also answer to their OpenAI model id (`ft:<base>:<suffix>:<id>`,
+kept in the version's meta.json as `fine_tuned_model`). Retire and rollback change the shared store's
+state first and are then announced as events, so every server follows without a restart.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ class SkillPool:
     def __init__(self, store: SkillStore, engine: Engine, router: Router, base: BaseModel, metrics: Metrics) -> None:
         self.store, self.engine, self.router, self.base, self.metrics = store, engine, router, base, metrics
         self._records: dict[str, SkillRecord] = {}
+        self._aliases: dict[str, str] = {}  # fine_tuned_model id -> skill name
+        self._broken: set[tuple[str, int]] = set()  # versions that failed to load: not retried by every resync
         self._probe_feats: dict[tuple[str, int], Features] = {}  # probe features, computed once per version
         self._lock = threading.Lock()
 
@@ -44,6 +51,9 @@ class SkillPool:
             self.engine.add_skill(rec.name, rec.adapter)
             self.router.add_skill(rec.name, tensors, (rec.meta.get("router") or {}).get("sapt_attention"))
             self._records[rec.name] = rec
+            self._aliases = {a: n for a, n in self._aliases.items() if n != rec.name}
+            if alias := rec.meta.get("fine_tuned_model"):
+                self._aliases[str(alias)] = rec.name
             self.metrics.skills.set(len(self._records))
         score = (rec.meta.get("eval") or {}).get("score")
         if score is not None:
@@ -77,11 +87,39 @@ class SkillPool:
             self.metrics.routing_accuracy.labels(name).set(a)
         return acc
 
+    def unregister(self, name: str) -> None:
+        """Stop serving a skill: out of the router first (no new routes), then out of the engine (a running
+        row finishes on the version it started with)."""
+        with self._lock:
+            if self._records.pop(name, None) is None:
+                return
+            self.router.remove_skill(name)
+            self.engine.remove_skill(name)
+            self._aliases = {a: n for a, n in self._aliases.items() if n != name}
+            self.metrics.skills.set(len(self._records))
+        self.measure_routing()
+        log.info("retired skill %s", name)
+
     def on_event(self, event: dict) -> None:  # type: ignore[type-arg]
-        """A worker elsewhere stored a skill version: load it from the shared store unless we have it."""
-        if event.get("type") != "skill_registered":
+        """A worker elsewhere stored a skill version, or a server retired or rolled back a skill: follow the
+        shared store (the state it says, not only the event, so a late or repeated event does no harm)."""
+        kind, name = event.get("type"), str(event.get("name"))
+        if kind == "resync":
+            self.reconcile()
             return
-        name, version = event["name"], int(event["version"])
+        if kind == "skill_retired":
+            if self.store.serving(name) is None:
+                self.unregister(name)
+            return
+        if kind == "skill_activated":
+            rec = self.store.serving(name)
+            have = self._records.get(name)
+            if rec is not None and (have is None or have.version != rec.version):
+                self.register(rec)
+            return
+        if kind != "skill_registered":
+            return
+        version = int(event["version"])
         have = self._records.get(name)
         if have is not None and have.version >= version:
             return
@@ -91,8 +129,35 @@ class SkillPool:
             return
         self.register(rec)
 
+    def reconcile(self) -> None:
+        """Serve exactly what the shared store says serves: catches up on events this server missed (its
+        Redis connection dropped while another server retired, rolled back or registered a skill)."""
+        serving = {rec.name: rec for rec in self.store.list_latest()}
+        for name in [n for n in self._records if n not in serving]:
+            self.unregister(name)
+        for name, rec in serving.items():
+            have = self._records.get(name)
+            if (have is not None and have.version == rec.version) or (name, rec.version) in self._broken:
+                continue
+            try:
+                self.register(rec)
+            except Exception as e:  # one broken skill must not stop the others
+                self._broken.add((name, rec.version))
+                log.error("not serving skill %s v%d: %s", name, rec.version, e)
+
     def get(self, name: str) -> SkillRecord | None:
         return self._records.get(name)
+
+    def resolve(self, model: str) -> str | None:
+        """The served skill a model id names: a skill name or a fine_tuned_model id."""
+        if model in self._records:
+            return model
+        return self._aliases.get(model)
+
+    def alias(self, name: str) -> str | None:
+        """The fine_tuned_model id of a served skill, if a fine-tuning job made it."""
+        rec = self._records.get(name)
+        return str(rec.meta["fine_tuned_model"]) if rec is not None and rec.meta.get("fine_tuned_model") else None
 
     def records(self) -> list[SkillRecord]:
         return sorted(self._records.values(), key=lambda r: r.meta.get("created", 0))

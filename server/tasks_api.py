@@ -18,6 +18,7 @@ from skillpool.trainer.jobs import Job, new_job_id
 from skillpool.trainer.records import TERMINAL, JobStatus
 
 from .errors import APIError
+from .middleware import is_admin
 
 if TYPE_CHECKING:
     from .app import Components
@@ -57,6 +58,8 @@ def install_tasks(app: FastAPI, c: Components) -> None:
         if not isinstance(force_raw, str) or force_raw.lower() not in ("true", "false", "1", "0"):
             raise APIError(400, f"force must be true or false, got {force_raw!r}", "force", "invalid_force")
         force = force_raw.lower() in ("true", "1")
+        if force and not is_admin(request.headers, c.cfg.admin_key):  # as metadata.force on /v1/fine_tuning/jobs
+            raise APIError(403, "force (register past the quality gate) is for the admin", "force", "permission_denied")
         raw_cfg = form.get("config")
         try:
             cfg_obj = json.loads(raw_cfg) if isinstance(raw_cfg, str) and raw_cfg.strip() else {}
@@ -94,6 +97,7 @@ def install_tasks(app: FastAPI, c: Components) -> None:
             examples=len(examples),
             force=force,
         )
+        job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
         c.jobs.submit(job, examples, cfg)
         return JSONResponse(job.to_dict(), status_code=202)
 

@@ -113,3 +113,40 @@ def wait_job(client, job_id: str, timeout: float = 300) -> dict:  # type: ignore
             return job
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A private redis-server on a free port for this test session (skips when redis-server is absent)."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+
+    from skillpool.server.process import free_port
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.time() + 10
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            break
+        except redis.RedisError:
+            if time.time() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)

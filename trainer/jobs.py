@@ -3,6 +3,8 @@
 States: validating → queued → running → succeeded | failed | cancelled. Job records are kept as
 JSON under <data>/jobs so that they survive a restart; a job that was queued or running when the
 server stopped is marked failed (its data is gone with the process' queue) and can be re-uploaded.
+A job also keeps its events (OpenAI's fine-tuning job events: state changes, training metrics, the quality
+gate's numbers), so they survive with the record and reach every server through the shared queue.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class Job:
     examples: int = 0
     skill_version: int | None = None
     force: bool = False  # register even if the quality gate fails
+    error_code: str | None = None  # machine-readable reason (OpenAI's error.code), beside the message
+    error_param: str | None = None  # the request field the failure is about (a bad file: training_file)
+    fine_tuning: dict[str, Any] | None = None  # a job made by /v1/fine_tuning/jobs: its request and model id
+    events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
 
     def __post_init__(self) -> None:  # a record read back from JSON holds the plain string
         self.status = JobStatus(self.status)
@@ -57,6 +63,38 @@ class Job:
     def from_dict(cls, d: dict[str, Any]) -> Job:
         return cls(**{k: v for k, v in d.items() if k != "object"})
 
+    def log(self, message: str, level: str = "info", kind: str = "message", data: dict[str, Any] | None = None) -> None:
+        """Record an event; metrics events beyond MAX_METRIC_EVENTS drop the oldest (a long job keeps its tail)."""
+        self.events.append(
+            {
+                "id": f"ftevent-{uuid.uuid4().hex[:20]}",
+                "created_at": int(time.time()),
+                "level": level,
+                "message": message,
+                "type": kind,
+                "data": data,
+            }
+        )
+        metrics = [i for i, e in enumerate(self.events) if e["type"] == "metrics"]
+        if len(metrics) > MAX_METRIC_EVENTS:
+            del self.events[metrics[0]]
+
+    def finish(
+        self, status: JobStatus, error: str | None = None, code: str | None = None, param: str | None = None
+    ) -> None:
+        """Move to a terminal state and say so in the events."""
+        self.status, self.error, self.finished_at = status, error, time.time()
+        self.error_code, self.error_param = (code or "training_failed", param) if error else (None, None)
+        if status == JobStatus.SUCCEEDED:
+            self.log("The job has successfully completed")
+        elif status == JobStatus.CANCELLED:
+            self.log("Fine-tuning job cancelled")
+        else:
+            self.log(f"Fine-tuning job failed: {error}", level="error")
+
+
+MAX_METRIC_EVENTS = 200
+
 
 def new_job_id() -> str:
     return "job-" + uuid.uuid4().hex[:20]
@@ -66,6 +104,9 @@ class JobQueue(Protocol):
     """What the API needs from a queue: LocalJobQueue (in-process) or RedisJobQueue (shared)."""
 
     def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job: ...
+    def add(self, job: Job) -> Job: ...
+    def update(self, job: Job) -> None: ...
+    def publish(self, event: dict[str, Any]) -> None: ...
     def get(self, job_id: str) -> Job | None: ...
     def list(self) -> list[Job]: ...
     def depth(self) -> int: ...
@@ -85,8 +126,10 @@ class LocalJobQueue:
         runner: Runner,
         on_success: Callable[[SkillRecord], None],
         on_finish: Callable[[Job], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.dir = jobs_dir
+        self.on_event = on_event  # skill events (retired, activated) go straight back to this server
         self.dir.mkdir(parents=True, exist_ok=True)
         self.runner, self.on_success, self.on_finish = runner, on_success, on_finish
         self._jobs: dict[str, Job] = {}
@@ -105,11 +148,7 @@ class LocalJobQueue:
                 log.warning("ignoring unreadable job record %s: %s", p, e)
                 continue
             if job.status not in TERMINAL:
-                job.status, job.error, job.finished_at = (
-                    JobStatus.FAILED,
-                    "the server stopped before this job finished",
-                    time.time(),
-                )
+                job.finish(JobStatus.FAILED, "the server stopped before this job finished", "server_restarted")
                 self._save(job)
             self._jobs[job.id] = job
 
@@ -119,9 +158,26 @@ class LocalJobQueue:
         os.replace(tmp, self.dir / f"{job.id}.json")
 
     # --- API ----------------------------------------------------------------------------------
+    def add(self, job: Job) -> Job:
+        """Record a job that is not queued yet (its files are being validated)."""
+        with self._lock:
+            self._jobs[job.id] = job
+            self._save(job)
+        return job
+
+    def update(self, job: Job) -> None:
+        with self._lock:
+            self._jobs[job.id] = job
+            self._save(job)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
     def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
         with self._lock:
             job.status = JobStatus.QUEUED
+            job.log("Files validated, moving job to queued state")
             self._jobs[job.id] = job
             self._cancel[job.id] = threading.Event()
             self._save(job)
@@ -142,8 +198,9 @@ class LocalJobQueue:
             job = self._jobs.get(job_id)
             if job is None or job.status in TERMINAL:
                 return job
-            self._cancel[job_id].set()
-            if job.status == JobStatus.QUEUED:  # the worker skips it when it comes up
+            if job_id in self._cancel:
+                self._cancel[job_id].set()
+            if job.status in (JobStatus.QUEUED, JobStatus.VALIDATING):  # the worker skips it when it comes up
                 self._finish(job, JobStatus.CANCELLED)
             return job
 
@@ -151,8 +208,8 @@ class LocalJobQueue:
         self._queue.put(None)
 
     # --- worker -------------------------------------------------------------------------------
-    def _finish(self, job: Job, status: JobStatus, error: str | None = None) -> None:
-        job.status, job.error, job.finished_at = status, error, time.time()
+    def _finish(self, job: Job, status: JobStatus, error: str | None = None, code: str | None = None) -> None:
+        job.finish(status, error, code)
         self._save(job)
         if self.on_finish is not None:
             self.on_finish(job)
@@ -165,6 +222,7 @@ class LocalJobQueue:
                 continue
             with self._lock:
                 job.status, job.started_at = JobStatus.RUNNING, time.time()
+                job.log("Fine-tuning job started")
                 self._save(job)
             run_job(job, examples, cfg, self.runner, self._save, self._finish, self.on_success, stop.is_set)
 
@@ -175,7 +233,7 @@ def run_job(
     cfg: TrainConfig,
     runner: Runner,
     save: Callable[[Job], None],
-    finish: Callable[[Job, JobStatus, str | None], None],
+    finish: Callable[[Job, JobStatus, str | None, str | None], None],
     on_success: Callable[[SkillRecord], None],
     should_stop: Callable[[], bool],
 ) -> None:
@@ -191,26 +249,58 @@ def run_job(
             "tokens": p.tokens,
         }
         if p.step == p.total or p.step % 10 == 0:
+            loss = f", training loss={p.loss:.4f}" if p.loss is not None else ""
+            job.log(
+                f"Step {p.step}/{p.total}{loss}",
+                kind="metrics",
+                data={"step": p.step, "total_steps": p.total, "train_loss": p.loss, "tokens": p.tokens},
+            )
             save(job)
 
     try:
         record = runner(job, examples, cfg, progress, should_stop)
     except Cancelled:
-        finish(job, JobStatus.CANCELLED, None)
+        finish(job, JobStatus.CANCELLED, None, None)
         return
     except QualityGateFailed as e:  # an expected outcome: the numbers go into the job, nothing was stored
         job.eval = e.report
-        finish(job, JobStatus.FAILED, str(e))
+        _log_gate(job, e.report)
+        finish(job, JobStatus.FAILED, str(e), "quality_gate_failed")
         return
     except Exception as e:
         log.error("training job %s failed:\n%s", job.id, traceback.format_exc())
-        finish(job, JobStatus.FAILED, f"{type(e).__name__}: {e}")
+        finish(job, JobStatus.FAILED, f"{type(e).__name__}: {e}", "training_error")
         return
     job.eval, job.skill_version = record.meta.get("eval"), record.version
+    _log_gate(job, record.meta.get("quality") or {})
     try:
         on_success(record)
     except Exception as e:
         log.error("registering %s failed:\n%s", record.name, traceback.format_exc())
-        finish(job, JobStatus.FAILED, f"stored as version {record.version} but not registered: {e}")
+        finish(job, JobStatus.FAILED, f"stored as version {record.version} but not registered: {e}", "not_registered")
         return
-    finish(job, JobStatus.SUCCEEDED, None)
+    model = (job.fine_tuning or {}).get("fine_tuned_model") or record.name
+    job.log(f"New fine-tuned model created: {model} (skill {record.name} v{record.version})")
+    finish(job, JobStatus.SUCCEEDED, None, None)
+
+
+def _log_gate(job: Job, report: dict[str, Any]) -> None:
+    """The quality gate's numbers as an event: the new block against the base model and the trivial answer."""
+    new = report.get("new") or {}
+    if not new:
+        return
+    parts = [f"{k}={new[k]:.3f}" for k in ("score", "base_score", "trivial_score", "gain") if new.get(k) is not None]
+    verdict = "passed" if report.get("passed") else "failed" + (" (forced)" if job.force else "")
+    earlier = report.get("earlier") or {}
+    drops = (
+        f"; {len(earlier)} earlier skill(s) re-checked, largest drop {max(r['drop'] for r in earlier.values()):.3f}"
+        if earlier
+        else ""
+    )
+    job.log(
+        f"Evaluation ({new.get('metric')}, {new.get('n')} held-out examples): {', '.join(parts)}{drops}; "
+        f"quality gate {verdict}",
+        level="info" if report.get("passed") or job.force else "warn",
+        kind="metrics",
+        data={"quality": report},
+    )

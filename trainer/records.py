@@ -6,7 +6,7 @@ Kept free of heavy imports (no torch) so that a client such as `skillpool upload
 from __future__ import annotations
 
 from enum import Enum
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class JobStatus(str, Enum):
@@ -42,3 +42,4 @@ class Example(TypedDict):
     answer: str
     route_text: str  # what the router sees
     route_input: str  # the routed text without the instruction (format gate, input keys)
+    held_out: NotRequired[bool]  # from a job's validation file: the held-out split, never trained on

@@ -3,7 +3,10 @@
 Keys and the events channel live under a prefix (default "skillpool"); trainer/keys.py names them all.
 Workers and servers share the skill store (a volume or object storage mounted at the same data dir).
 When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
-server loads that version from the store and starts routing to it.
+server loads that version from the store and starts routing to it. Retiring a skill or rolling it back
+publishes {"type": "skill_retired", "name"} or {"type": "skill_activated", "name", "version"} the same way.
+Pub/sub drops what is published while a subscriber is disconnected, so every `resync_s` the listener also
+hands on_event {"type": "resync"}: the server then serves exactly what the shared store says.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class RedisJobQueue:
         on_finish: Callable[[Job], None] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         prefix: str = DEFAULT_PREFIX,
+        resync_s: float = 60.0,
     ) -> None:
         """`runner` None: enqueue only (no worker here). `on_event`: called for every published event."""
         self.r = redis.Redis.from_url(url, decode_responses=True)
@@ -46,6 +50,7 @@ class RedisJobQueue:
             raise ConnectionError(f"cannot reach Redis at {url}: {e}") from e
         self.keys = RedisKeys(prefix)
         self.runner, self.on_success, self.on_finish, self.on_event = runner, on_success, on_finish, on_event
+        self.resync_s = resync_s
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         if runner is not None:
@@ -74,8 +79,20 @@ class RedisJobQueue:
         return int(self.r.scard(self.keys.active))
 
     # --- API ----------------------------------------------------------------------------------
+    def add(self, job: Job) -> Job:
+        """Record a job that is not queued yet (its files are being validated)."""
+        with self.r.pipeline() as pipe:
+            pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
+            pipe.zadd(self.keys.jobs, {job.id: job.created_at})
+            pipe.execute()
+        return job
+
+    def update(self, job: Job) -> None:
+        self._save(job)
+
     def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
         job.status = JobStatus.QUEUED
+        job.log("Files validated, moving job to queued state")
         with self.r.pipeline() as pipe:  # MULTI/EXEC: a job is queued whole or not at all
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.zadd(self.keys.jobs, {job.id: job.created_at})
@@ -90,7 +107,9 @@ class RedisJobQueue:
         if job is None or job.status in TERMINAL:
             return job
         self.r.set(self.keys.cancel(job_id), 1)
-        if self.r.lrem(self.keys.queue, 0, job_id):  # still queued: no worker has it
+        if job.status == JobStatus.VALIDATING:  # not queued yet: its creator sees the cancel before queueing
+            self._finish(job, JobStatus.CANCELLED, None)
+        elif self.r.lrem(self.keys.queue, 0, job_id):  # still queued: no worker has it
             self.r.delete(self.keys.data(job_id))
             self._finish(job, JobStatus.CANCELLED, None)
         return self.get(job_id)
@@ -104,8 +123,8 @@ class RedisJobQueue:
             self._pubsub.close()
 
     # --- worker -------------------------------------------------------------------------------
-    def _finish(self, job: Job, status: JobStatus, error: str | None) -> None:
-        job.status, job.error, job.finished_at = status, error, time.time()
+    def _finish(self, job: Job, status: JobStatus, error: str | None, code: str | None = None) -> None:
+        job.finish(status, error, code)
         with self.r.pipeline() as pipe:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.srem(self.keys.active, job.id)
@@ -135,6 +154,7 @@ class RedisJobQueue:
                 continue
             data = json.loads(raw)
             job.status, job.started_at = JobStatus.RUNNING, time.time()
+            job.log("Fine-tuning job started")
             self._save(job)
             cancel_key = self.keys.cancel(job_id)
 
@@ -154,7 +174,14 @@ class RedisJobQueue:
 
     def _listen(self) -> None:
         assert self.on_event is not None
+        next_resync = time.monotonic() + self.resync_s
         while not self._closed.is_set():
+            if time.monotonic() >= next_resync:
+                next_resync = time.monotonic() + self.resync_s
+                try:
+                    self.on_event({"type": "resync"})
+                except Exception:
+                    log.exception("resync with the skill store failed")
             try:
                 msg = self._pubsub.get_message(timeout=1.0)
             except (redis.RedisError, ValueError, AttributeError):

@@ -44,12 +44,17 @@ log = logging.getLogger(__name__)
 def split_examples(
     examples: list[Example], cfg: TrainConfig
 ) -> tuple[list[Example], list[Example], list[Example], list[Example]]:
-    """(train, eval, replay, probe): eval/probe are held out; replay is a small sample of train."""
+    """(train, eval, replay, probe): eval/probe are held out; replay is a small sample of train. Examples marked
+    `held_out` (a fine-tuning job's validation file) are the eval split; otherwise it is cut from the examples."""
     rng = random.Random(cfg.seed)
-    shuffled = list(examples)
+    shuffled = [e for e in examples if not e.get("held_out")]
+    given = [e for e in examples if e.get("held_out")]
     rng.shuffle(shuffled)
-    n_eval = min(cfg.max_eval_examples, math.ceil(len(shuffled) * cfg.eval_fraction)) if len(shuffled) >= 10 else 0
-    held, train = shuffled[:n_eval], shuffled[n_eval:]
+    if given:
+        held, train = given[: cfg.max_eval_examples], shuffled
+    else:
+        n_eval = min(cfg.max_eval_examples, math.ceil(len(shuffled) * cfg.eval_fraction)) if len(shuffled) >= 10 else 0
+        held, train = shuffled[:n_eval], shuffled[n_eval:]
     replay = rng.sample(train, max(1, round(len(train) * cfg.replay_fraction))) if train else []
     return train, held, replay, held[: cfg.probe_size]
 
@@ -102,8 +107,10 @@ class SkillTrainer:
         on_progress: Callable[[Progress], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
         force: bool = False,
+        extra_meta: dict[str, Any] | None = None,
     ) -> SkillRecord:
-        """Train, gate and store one skill. Raises QualityGateFailed (nothing stored) unless `force`."""
+        """Train, gate and store one skill. Raises QualityGateFailed (nothing stored) unless `force`.
+        `extra_meta` goes into meta.json as is (e.g. the OpenAI `fine_tuned_model` id the skill answers to)."""
         self.check_method(method)
         train, held, replay, probe = split_examples(examples, cfg)
         if self.sync_router:
@@ -178,6 +185,7 @@ class SkillTrainer:
                 write_adapter=lambda dst: _copy_files(folder, dst),
                 router_tensors=router_tensors,
                 meta={
+                    **(extra_meta or {}),
                     "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
                     "training": training,
                     "eval": quality["new"],
@@ -198,7 +206,7 @@ class SkillTrainer:
             return self.store.write(draft)
 
     def _record(self, name: str) -> SkillRecord:
-        rec = self.store.get(name)
+        rec = self.store.serving(name)  # the version that serves (a rollback may pin an older one)
         if rec is None:
             raise KeyError(f"skill {name!r} is in the router but not in the store at {self.store.root}")
         return rec

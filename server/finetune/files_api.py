@@ -1,0 +1,94 @@
+"""/v1/files: upload, list, retrieve, download and delete training files (OpenAI's Files API, `fine-tune`
+purpose only). The bytes live in the shared data dir (trainer.files); jobs validate them line by line."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from starlette.datastructures import UploadFile
+
+from skillpool.trainer.files import PURPOSES, FileStore, StoredFile
+
+from ..errors import APIError
+from .protocol import FileDeleted, FileObject, page
+
+if TYPE_CHECKING:
+    from ..app import Components
+
+api = APIRouter()
+
+
+def _components(request: Request) -> Components:
+    c: Components = request.app.state.components
+    return c
+
+
+def file_object(f: StoredFile) -> FileObject:
+    return FileObject(id=f.id, bytes=f.bytes, created_at=f.created_at, filename=f.filename, purpose=f.purpose)
+
+
+def get_file(files: FileStore, file_id: str, param: str = "file_id") -> StoredFile:
+    f = files.get(file_id)
+    if f is None:
+        raise APIError(404, f"No such File object: {file_id}", param, "file_not_found")
+    return f
+
+
+@api.post("/v1/files")
+async def create_file(request: Request) -> dict[str, Any]:
+    c = _components(request)
+    limit = c.cfg.max_upload_bytes
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit + 64 * 1024:
+        raise APIError(413, f"file is larger than {limit} bytes", "file", "file_too_large")
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise APIError(
+            400, "POST /v1/files takes multipart/form-data with 'file' and 'purpose'", None, "invalid_request"
+        )
+    form = await request.form(max_part_size=limit + 1)
+    purpose, upload = form.get("purpose"), form.get("file")
+    if not isinstance(purpose, str) or purpose not in PURPOSES:
+        raise APIError(400, f"purpose must be one of {sorted(PURPOSES)}, got {purpose!r}", "purpose", "invalid_value")
+    if not isinstance(upload, UploadFile):
+        raise APIError(400, "missing multipart field 'file'", "file", "missing_required_parameter")
+    data = await upload.read(limit + 1)
+    if len(data) > limit:
+        raise APIError(413, f"file is larger than {limit} bytes", "file", "file_too_large")
+    stored = await asyncio.to_thread(c.files.create, upload.filename or "upload.jsonl", purpose, data)
+    return file_object(stored).model_dump()
+
+
+@api.get("/v1/files")
+async def list_files(
+    request: Request,
+    purpose: str | None = None,
+    limit: int = Query(10000, ge=1, le=10000),
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> dict[str, Any]:
+    files = [file_object(f) for f in _components(request).files.list(purpose)]
+    return page(files[::-1] if order == "asc" else files, after, limit)
+
+
+@api.get("/v1/files/{file_id}")
+async def retrieve_file(request: Request, file_id: str) -> dict[str, Any]:
+    return file_object(get_file(_components(request).files, file_id)).model_dump()
+
+
+@api.get("/v1/files/{file_id}/content")
+async def file_content(request: Request, file_id: str) -> Response:
+    data = _components(request).files.content(file_id)
+    if data is None:
+        raise APIError(404, f"No such File object: {file_id}", "file_id", "file_not_found")
+    return Response(data, media_type="application/octet-stream")
+
+
+@api.delete("/v1/files/{file_id}")
+async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+    c = _components(request)
+    get_file(c.files, file_id)
+    c.files.delete(file_id)
+    return FileDeleted(id=file_id).model_dump()

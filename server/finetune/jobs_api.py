@@ -1,0 +1,79 @@
+"""/v1/fine_tuning/jobs: create, list, retrieve, cancel, events and checkpoints (OpenAI's fine-tuning API)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, BackgroundTasks, Query, Request
+
+from skillpool.trainer.jobs import Job
+from skillpool.trainer.records import TERMINAL
+
+from ..errors import APIError
+from ..middleware import is_admin
+from .jobs_serving import checkpoints, create_job, events, to_openai, validate_and_queue
+from .protocol import FineTuningJobCreate, page
+
+if TYPE_CHECKING:
+    from ..app import Components
+
+api = APIRouter(prefix="/v1/fine_tuning/jobs")
+
+
+def _components(request: Request) -> Components:
+    c: Components = request.app.state.components
+    return c
+
+
+def _job(c: Components, job_id: str) -> Job:
+    job = c.jobs.get(job_id)
+    if job is None:
+        raise APIError(404, f"No fine-tuning job found with id {job_id!r}", "fine_tuning_job_id", "job_not_found")
+    return job
+
+
+@api.post("")
+async def create(request: Request, body: FineTuningJobCreate, background: BackgroundTasks) -> dict[str, Any]:
+    c = _components(request)
+    job, cfg = create_job(c, body, is_admin(request.headers, c.cfg.admin_key))
+    background.add_task(validate_and_queue, c, job.id, cfg)  # a sync task: Starlette runs it in a thread
+    return to_openai(job, c.base.model_id).model_dump()
+
+
+@api.get("")
+async def list_jobs(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
+    c = _components(request)
+    # the openai client sends metadata={"k": "v"} as metadata[k]=v; a job must carry every pair
+    wanted = {k[len("metadata[") : -1]: v for k, v in request.query_params.items() if k.startswith("metadata[")}
+    jobs = [to_openai(j, c.base.model_id) for j in c.jobs.list()]  # newest first, as /tasks lists them
+    jobs = [j for j in jobs if all((j.metadata or {}).get(k) == v for k, v in wanted.items())]
+    return page(jobs, after, limit)
+
+
+@api.get("/{job_id}")
+async def retrieve(request: Request, job_id: str) -> dict[str, Any]:
+    c = _components(request)
+    return to_openai(_job(c, job_id), c.base.model_id).model_dump()
+
+
+@api.post("/{job_id}/cancel")
+async def cancel(request: Request, job_id: str) -> dict[str, Any]:
+    c = _components(request)
+    job = _job(c, job_id)
+    if job.status in TERMINAL:
+        raise APIError(409, f"Job {job_id} has already {job.status}", "fine_tuning_job_id", "job_finished")
+    return to_openai(c.jobs.cancel(job_id) or job, c.base.model_id).model_dump()
+
+
+@api.get("/{job_id}/events")
+async def list_events(
+    request: Request, job_id: str, after: str | None = None, limit: int = Query(20, ge=1, le=1000)
+) -> dict[str, Any]:
+    return page(events(_job(_components(request), job_id)), after, limit)
+
+
+@api.get("/{job_id}/checkpoints")
+async def list_checkpoints(
+    request: Request, job_id: str, after: str | None = None, limit: int = Query(10, ge=1, le=100)
+) -> dict[str, Any]:
+    return page(checkpoints(_job(_components(request), job_id)), after, limit)

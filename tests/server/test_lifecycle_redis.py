@@ -1,0 +1,72 @@
+"""Two servers on one shared store and a real Redis: a fine-tuning job trained by one is served by both, and
+retire and rollback on either reach the other without a restart."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+from fastapi.testclient import TestClient
+from openai import OpenAI
+
+from skillpool.server.app import create_app
+from skillpool.server.bootstrap import build_components
+from skillpool.server.config import ServerConfig
+from tests.conftest import dataset_dir
+
+
+def until(check: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, "the event did not reach the other server"
+        time.sleep(0.1)
+
+
+def test_retire_and_rollback_reach_every_server(redis_url, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = ServerConfig(
+        data_dir=tmp_path, redis_url=redis_url, redis_prefix=f"t-{uuid.uuid4().hex[:8]}", default_max_tokens=2
+    )
+    a = build_components(cfg, base=tiny_base, embedder=embedder)  # trains
+    b = build_components(replace(cfg, run_trainer=False), base=tiny_base, embedder=embedder)  # only serves
+    data = b"\n".join((dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()[:30])
+    try:
+        with TestClient(create_app(a)) as ha, TestClient(create_app(b)) as hb:
+            ca = OpenAI(base_url="http://testserver/v1", api_key="x", http_client=ha, max_retries=0)
+            cb = OpenAI(base_url="http://testserver/v1", api_key="x", http_client=hb, max_retries=0)
+            f = cb.files.create(file=("s.jsonl", data), purpose="fine-tune")  # a file given to B, trained on A
+            job = cb.fine_tuning.jobs.create(
+                model="tiny-llama", training_file=f.id, hyperparameters={"n_epochs": 1}, metadata={"force": "true"}
+            )
+            until(lambda: ca.fine_tuning.jobs.retrieve(job.id).status == "succeeded", timeout=300)
+            model = cb.fine_tuning.jobs.retrieve(job.id).fine_tuned_model
+            assert model is not None
+            until(lambda: model in [m.id for m in cb.models.list()])
+
+            cb.models.delete(model)  # retired on B ...
+            until(lambda: model not in [m.id for m in ca.models.list()])  # ... A stops serving it
+            assert a.pool.resolve(model) is None and not a.router.skills
+
+            r = ha.post(f"/v1/models/{model}/rollback", json={})  # restored on A ...
+            assert r.status_code == 200, r.text
+            until(lambda: model in [m.id for m in cb.models.list()])  # ... B serves it again
+            raw = cb.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": "hi"}]
+            )
+            assert raw.headers["x-skillpool-route"].endswith("=1.00")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_event_listener_resyncs_periodically(redis_url) -> None:  # type: ignore[no-untyped-def]
+    """Pub/sub loses what is published while a server is disconnected: the listener asks for a resync."""
+    from skillpool.trainer.redis_jobs import RedisJobQueue
+
+    seen: list[dict[str, object]] = []
+    queue = RedisJobQueue(redis_url, None, on_event=seen.append, prefix=f"t-{uuid.uuid4().hex[:8]}", resync_s=0.2)
+    try:
+        until(lambda: {"type": "resync"} in seen, timeout=10)
+    finally:
+        queue.close()
