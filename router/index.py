@@ -87,12 +87,12 @@ def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) ->
             assert sk.raw is not None
             keys = white_rows(sk.raw, white, g)
             mix_index.add(keys)
-            if sk.calib is None or not len(sk.calib):
-                continue
+            if sk.calib is None or not len(sk.calib) or sk.count < s.white_gate_min_inputs:
+                continue  # W's covariance was partly fitted on these inputs: too few, and they score too high
             if sk.fold_raw is not None and sk.calib_folds is not None:
                 best = held_out_white_best(sk.calib, sk.calib_folds, sk.fold_raw, white, g)
                 white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_threshold_margin)
-            elif sk.count >= s.white_gate_min_inputs:  # stored without fold keys: in-sample, wider margin
+            else:  # stored without fold keys: in-sample scores, a wider margin
                 best = (white_rows(sk.calib, white, g) @ keys.T).max(axis=1)
                 white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_insample_margin)
     lab = {n: sk.labels for n, sk in skills.items() if sk.labels is not None}

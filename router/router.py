@@ -22,8 +22,9 @@ fold each was held out of and the keys fitted without each fold; its threshold (
 sample's best whitened score against the keys that did not see it, minus a margin) is recomputed whenever
 W is. Held-out scores are what the skill's new requests score, so each skill's threshold follows its own
 spread (a tight skill such as sst-2 turns away yelp's longer reviews) with one small margin for all. Skills
-stored without fold keys are calibrated in-sample with a wider margin, and only when learned from enough
-inputs (`white_gate_min_inputs`); others are gated on their held-out raw-score threshold.
+stored without fold keys are calibrated in-sample with a wider margin. W is estimated from the skills' own
+inputs, so only skills learned from enough inputs (`white_gate_min_inputs`) get the whitened gate; others
+are gated on their held-out raw-score threshold.
 
 Format gate (router.formats, every mode): input similarity cannot reject an unseen task whose inputs
 look like a seen sibling's (yelp vs amazon), but the prompt's fixed text (instruction, label options,
