@@ -197,7 +197,7 @@ def test_held_out_whitened_gate_turns_away_a_look_alike_unseen_task(embedder) ->
         hits = [bool(d.route) and d.route[0][0] == t for t in tasks for d in router.route(test[t])]
         fallback = [not d.route for d in router.route(test["yelp"])]
         results[held_out] = (sum(hits) / len(hits), sum(fallback) / len(fallback))
-    (seen_h, unseen_h), (seen_i, unseen_i) = results[True], results[False]
+    (seen_h, unseen_h), (_, unseen_i) = results[True], results[False]
     # measured: held-out 0.94 seen / 0.95 of yelp falling back, in-sample 0.97 / 0.88
     assert seen_h >= 0.9 and unseen_h >= 0.9, results
     assert unseen_h > unseen_i, results
