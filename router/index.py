@@ -56,12 +56,10 @@ def held_out_white_best(
 ) -> np.ndarray:
     """Each calibration input's best whitened score against the keys fitted without its fold: what a new
     request of the skill scores, where in-sample scores (keys fitted to those very inputs) run higher."""
-    q = white_rows(calib, white, groups)
-    best = np.empty(len(q), dtype=np.float32)
-    for f in np.unique(folds):
-        sel = folds == f
-        best[sel] = (q[sel] @ white_rows(fold_raw[f], white, groups).T).max(axis=1)
-    return best
+    n_folds, k, d = fold_raw.shape
+    keys = white_rows(fold_raw.reshape(n_folds * k, d), white, groups)  # all folds' keys in one pass
+    scores = (white_rows(calib, white, groups) @ keys.T).reshape(len(calib), n_folds, k)
+    return scores[np.arange(len(calib)), folds].max(axis=1)
 
 
 def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) -> KeyIndex:
