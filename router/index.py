@@ -51,6 +51,17 @@ def white_rows(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
     return _flat_groups(split_groups(torch.from_numpy(np.ascontiguousarray(x @ w, dtype=np.float32)), groups))
 
 
+def held_out_white_best(
+    calib: np.ndarray, folds: np.ndarray, fold_raw: np.ndarray, white: np.ndarray, groups: int
+) -> np.ndarray:
+    """Each calibration input's best whitened score against the keys fitted without its fold: what a new
+    request of the skill scores, where in-sample scores (keys fitted to those very inputs) run higher."""
+    n_folds, k, d = fold_raw.shape
+    keys = white_rows(fold_raw.reshape(n_folds * k, d), white, groups)  # all folds' keys in one pass
+    scores = (white_rows(calib, white, groups) @ keys.T).reshape(len(calib), n_folds, k)
+    return scores[np.arange(len(calib)), folds].max(axis=1)
+
+
 def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) -> KeyIndex:
     """New indexes from all skills' keys (in the mode's search space)."""
     settings = mode.settings
@@ -74,9 +85,14 @@ def build_index(skills: Mapping[str, _SkillKeys], dim: int, mode: RouterMode) ->
             assert sk.raw is not None
             keys = white_rows(sk.raw, white, g)
             mix_index.add(keys)
-            if sk.calib is not None and len(sk.calib) and sk.count >= s.white_gate_min_inputs:
-                best = (white_rows(sk.calib, white, g) @ keys.T).max(axis=1)
+            if sk.calib is None or not len(sk.calib) or sk.count < s.white_gate_min_inputs:
+                continue  # W's covariance was partly fitted on these inputs: too few, and they score too high
+            if sk.fold_raw is not None and sk.calib_folds is not None:
+                best = held_out_white_best(sk.calib, sk.calib_folds, sk.fold_raw, white, g)
                 white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_threshold_margin)
+            else:  # stored without fold keys: in-sample scores, a wider margin
+                best = (white_rows(sk.calib, white, g) @ keys.T).max(axis=1)
+                white_thr[name] = calibrate_threshold(best, s.white_threshold_percentile, s.white_insample_margin)
     lab = {n: sk.labels for n, sk in skills.items() if sk.labels is not None}
     labels = LabelIndex(lab, settings.labels.min_foreign) if settings.labels.min_foreign else None
     typical = [sk.fields.typical for sk in skills.values() if sk.fields is not None]

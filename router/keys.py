@@ -25,21 +25,34 @@ def centroid_keys(embeddings: np.ndarray, n_keys: int, seed: int = 0) -> np.ndar
     return _normalize(km.centroids.astype(np.float32))
 
 
+def fold_ids(n: int, folds: int) -> np.ndarray | None:
+    """The fold of each of n inputs (None: too few inputs or folds to hold any out)."""
+    return np.arange(n) % folds if folds >= 2 and n >= 2 * folds else None
+
+
 def held_out_best(
-    embeddings: np.ndarray, fit: Callable[[np.ndarray], Any], score: Callable[[np.ndarray, Any], np.ndarray], folds: int
+    embeddings: np.ndarray,
+    fit: Callable[[np.ndarray], Any],
+    score: Callable[[np.ndarray, Any], np.ndarray],
+    folds: int,
+    fitted: list[Any] | None = None,
 ) -> np.ndarray:
-    """Each input's best key score, with the keys fitted on the other folds.
+    """Each input's best key score, with the keys fitted on the other folds (input i is in fold_ids' fold).
 
     In-sample scores are optimistic (the keys were fitted to those very points), which put thresholds
     too high and sent ~2% of a skill's own new requests to the base model; held-out scores do not.
+    fitted: if given, receives the keys fitted without each fold, in fold order (nothing when not held out).
     """
     x = np.ascontiguousarray(embeddings, dtype=np.float32)
-    if folds < 2 or len(x) < 2 * folds:
+    fold = fold_ids(len(x), folds)
+    if fold is None:
         return score(x, fit(x))
-    fold = np.arange(len(x)) % folds
     best = np.empty(len(x), dtype=np.float32)
     for f in range(folds):
-        best[fold == f] = score(x[fold == f], fit(x[fold != f]))
+        keys = fit(x[fold != f])
+        best[fold == f] = score(x[fold == f], keys)
+        if fitted is not None:
+            fitted.append(keys)
     return best
 
 

@@ -89,8 +89,26 @@ class DTKRMode(RouterMode):
         cov = tensors.get("input_cov")  # kept in half precision: ~0.3 MB a skill
         count = int(tensors["input_count"][0]) if "input_count" in tensors else 0
         calib = _rows(tensors["calibration_inputs"].float()) if "calibration_inputs" in tensors else None
+        folds, fold_raw = tensors.get("calibration_folds"), tensors.get("dtkr_fold_keys")
+        if folds is not None and fold_raw is not None and calib is not None:  # held-out whitened calibration
+            if fold_raw.shape[2] != g or len(folds) != len(calib):
+                raise ValueError("skill fold keys do not match its calibration inputs or the router's groups")
+            fold_ids = folds.numpy().astype(np.int64)
+            fold_rows = np.ascontiguousarray(fold_raw.float().reshape(*fold_raw.shape[:2], -1).numpy())
+        else:
+            fold_ids, fold_rows = None, None
         return _SkillKeys(
-            _flat_groups(sub), thr, _rows(sub.reshape(len(sub), -1)), cov, count, calib, fmt, labels, fields
+            _flat_groups(sub),
+            thr,
+            _rows(sub.reshape(len(sub), -1)),
+            cov,
+            count,
+            calib,
+            fmt,
+            labels,
+            fields,
+            fold_ids,
+            fold_rows,
         )
 
     def query_vectors(self, emb: np.ndarray) -> np.ndarray:

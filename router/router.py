@@ -17,11 +17,14 @@ share a few dominant directions (template words, length), so raw cosines separat
 (amazon vs yelp, mnli vs cb). Every skill stores the covariance of its own input embeddings; the router
 pools them (the within-skill covariance, shrunk towards a multiple of I) and maps queries and keys
 through W = Σ^-½ before grouping. No skill ever sees another skill's data. The open-set gate is taken in
-the same space: W changes as skills arrive, so each skill keeps a small sample of its own input
-embeddings and its threshold (a low percentile of that sample's best score against its own keys, minus a
-margin) is recomputed whenever W is. That sample was also fitted by the keys, so it is only trusted for
-skills learned from enough inputs (`white_gate_min_inputs`); other skills are gated on their held-out
-raw-score threshold.
+the same space: W changes as skills arrive, so each skill keeps a sample of its own input embeddings, the
+fold each was held out of and the keys fitted without each fold; its threshold (a low percentile of the
+sample's best whitened score against the keys that did not see it, minus a margin) is recomputed whenever
+W is. Held-out scores are what the skill's new requests score, so each skill's threshold follows its own
+spread (a tight skill such as sst-2 turns away yelp's longer reviews) with one small margin for all. Skills
+stored without fold keys are calibrated in-sample with a wider margin. W is estimated from the skills' own
+inputs, so only skills learned from enough inputs (`white_gate_min_inputs`) get the whitened gate; others
+are gated on their held-out raw-score threshold.
 
 Format gate (router.formats, every mode): input similarity cannot reject an unseen task whose inputs
 look like a seen sibling's (yelp vs amazon), but the prompt's fixed text (instruction, label options,

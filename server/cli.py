@@ -39,7 +39,7 @@ def _router_arguments(p: argparse.ArgumentParser) -> None:
         "--router-white-threshold-percentile",
         type=float,
         default=r.white_threshold_percentile,
-        help="dtkr: gate percentile of a skill's own inputs' whitened scores",
+        help="dtkr: gate percentile of a skill's own inputs' held-out whitened scores",
     )
     p.add_argument(
         "--router-white-threshold-margin",
