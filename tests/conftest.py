@@ -4,7 +4,9 @@ and access to ../shared/datasets. End-to-end tests are marked `slow` and run wit
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +152,24 @@ def redis_url(tmp_path_factory):  # type: ignore[no-untyped-def]
     yield url
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def sst2_lines(n: int) -> bytes:
+    """The first n lines of the shared sst-2 training file, as uploaded."""
+    return b"\n".join((dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()[:n])
+
+
+def strict(obj: Any) -> Any:
+    """Validate what the openai client parsed (it builds objects without validation) against its own type."""
+    return type(obj).model_validate(obj.to_dict(mode="json", exclude_unset=True))
+
+
+def wait_fine_tuning(client, job_id: str, timeout: float, poll_s: float) -> Any:  # type: ignore[no-untyped-def]
+    """Poll a fine-tuning job through the openai client until it ends; its last state, strictly validated."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = strict(client.fine_tuning.jobs.retrieve(job_id))
+        if job.status in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(poll_s)
+    raise AssertionError(f"job {job_id} did not finish")

@@ -9,7 +9,6 @@ restores it. Every object is re-validated strictly against the `openai` package'
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 
 from load_tests.common import rows, user_text
 from skillpool.server.process import ServerProcess
-from tests.conftest import dataset_dir
+from tests.conftest import dataset_dir, strict, wait_fine_tuning
 
 pytestmark = pytest.mark.slow
 BASE = "SmolLM2-135M-Instruct"
@@ -26,11 +25,6 @@ BASE = "SmolLM2-135M-Instruct"
 # registers the skill with force (the admin's metadata setting) and checks that the gate's numbers are reported.
 TRAIN_ROWS = 60
 SETTINGS = {"force": "true", "config": json.dumps({"max_eval_examples": 8, "probe_size": 4, "max_seq_len": 256})}
-
-
-def strict(obj: Any) -> Any:
-    """Validate what the client parsed (it builds objects without validation) against its own type."""
-    return type(obj).model_validate(obj.to_dict(mode="json", exclude_unset=True))
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +46,7 @@ def jsonl(items: list[dict[str, Any]]) -> bytes:
 
 
 def wait(client, job_id: str, timeout: float = 1500):  # type: ignore[no-untyped-def]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = strict(client.fine_tuning.jobs.retrieve(job_id))
-        if job.status in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(2)
-    raise AssertionError(f"job {job_id} did not finish")
+    return wait_fine_tuning(client, job_id, timeout, poll_s=2)
 
 
 def routed(client, text: str) -> str:  # type: ignore[no-untyped-def]

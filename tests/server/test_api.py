@@ -13,13 +13,9 @@ from fastapi.testclient import TestClient
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from tests.conftest import dataset_dir, wait_job
+from tests.conftest import dataset_dir, sst2_lines, wait_job
 
 FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
-
-
-def sst2_lines(n: int) -> bytes:
-    return b"\n".join((dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()[:n])
 
 
 @pytest.fixture(scope="module")

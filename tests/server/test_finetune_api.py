@@ -5,7 +5,6 @@ retire and rollback. Every response is parsed into the `openai` package's own ty
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,14 +19,10 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from tests.conftest import dataset_dir
+from tests.conftest import sst2_lines, strict, wait_fine_tuning
 
 FAST = {"n_epochs": 1, "batch_size": 8}
 SETTINGS = {"force": "true", "config": json.dumps({"max_seq_len": 256})}  # a random tiny model learns nothing
-
-
-def sst2(n: int) -> bytes:
-    return b"\n".join((dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()[:n])
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +44,9 @@ def client(http: TestClient) -> OpenAI:
     return OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
 
 
-def strict(obj: Any) -> Any:
-    """Validate what the client parsed (it builds objects without validation) against its own type."""
-    return type(obj).model_validate(obj.to_dict(mode="json", exclude_unset=True))
-
-
 def wait(client: OpenAI, job_id: str, timeout: float = 300) -> FineTuningJob:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        job = strict(client.fine_tuning.jobs.retrieve(job_id))
-        if job.status in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} did not finish")
+    job: FineTuningJob = wait_fine_tuning(client, job_id, timeout, poll_s=0.3)
+    return job
 
 
 def envelope(http: TestClient, method: str, path: str, status: int, param: str | None, **kw: Any) -> dict[str, Any]:
@@ -73,11 +58,11 @@ def envelope(http: TestClient, method: str, path: str, status: int, param: str |
 
 
 def test_files_round_trip(client: OpenAI, http: TestClient) -> None:
-    f = strict(client.files.create(file=("sst2.jsonl", sst2(12)), purpose="fine-tune"))
-    assert isinstance(f, FileObject) and f.purpose == "fine-tune" and f.bytes == len(sst2(12))
+    f = strict(client.files.create(file=("sst2.jsonl", sst2_lines(12)), purpose="fine-tune"))
+    assert isinstance(f, FileObject) and f.purpose == "fine-tune" and f.bytes == len(sst2_lines(12))
     assert FileObject.model_validate(http.get(f"/v1/files/{f.id}").json()) == f
     assert f.id in [strict(x).id for x in client.files.list()]
-    assert client.files.content(f.id).content == sst2(12)
+    assert client.files.content(f.id).content == sst2_lines(12)
     deleted = strict(client.files.delete(f.id))
     assert isinstance(deleted, FileDeleted) and deleted.deleted
     with pytest.raises(openai.NotFoundError):
@@ -87,8 +72,8 @@ def test_files_round_trip(client: OpenAI, http: TestClient) -> None:
 
 
 def test_job_trains_a_skill_that_chat_and_models_serve(client: OpenAI, http: TestClient, components) -> None:  # type: ignore[no-untyped-def]
-    f = client.files.create(file=("sst2.jsonl", sst2(40)), purpose="fine-tune")
-    valid = client.files.create(file=("valid.jsonl", b"\n".join(sst2(52).splitlines()[40:])), purpose="fine-tune")
+    f = client.files.create(file=("sst2.jsonl", sst2_lines(40)), purpose="fine-tune")
+    valid = client.files.create(file=("valid.jsonl", b"\n".join(sst2_lines(52).splitlines()[40:])), purpose="fine-tune")
     job = strict(
         client.fine_tuning.jobs.create(
             model="tiny-llama",
@@ -165,7 +150,7 @@ def test_a_resync_catches_up_with_the_store(components) -> None:  # type: ignore
 
 
 def test_a_bad_line_fails_the_job_naming_line_and_field(client: OpenAI) -> None:
-    lines = sst2(12).splitlines()
+    lines = sst2_lines(12).splitlines()
     lines[2] = json.dumps(
         {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 5}]}
     ).encode()
@@ -178,7 +163,7 @@ def test_a_bad_line_fails_the_job_naming_line_and_field(client: OpenAI) -> None:
 
 
 def test_cancel_list_and_request_errors(client: OpenAI, http: TestClient) -> None:
-    f = client.files.create(file=("s.jsonl", sst2(200)), purpose="fine-tune")
+    f = client.files.create(file=("s.jsonl", sst2_lines(200)), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(
         model="tiny-llama",
         training_file=f.id,
@@ -226,13 +211,20 @@ def test_force_retire_and_rollback_are_for_the_admin(components, tiny_base, embe
         with TestClient(create_app(c)) as http:
             user = {"authorization": "Bearer user"}
             f = http.post(
-                "/v1/files", files={"file": ("s.jsonl", sst2(12))}, data={"purpose": "fine-tune"}, headers=user
+                "/v1/files", files={"file": ("s.jsonl", sst2_lines(12))}, data={"purpose": "fine-tune"}, headers=user
             )
             body = {"model": "tiny-llama", "training_file": f.json()["id"], "metadata": {"force": "true"}}
             envelope(http, "POST", "/v1/fine_tuning/jobs", 403, "metadata.force", json=body, headers=user)
             form = {"name": "s", "force": "true"}
             envelope(
-                http, "POST", "/tasks", 403, "force", files={"file": ("s.jsonl", sst2(12))}, data=form, headers=user
+                http,
+                "POST",
+                "/tasks",
+                403,
+                "force",
+                files={"file": ("s.jsonl", sst2_lines(12))},
+                data=form,
+                headers=user,
             )
             assert http.get("/v1/models", headers={"authorization": "Bearer admin"}).status_code == 200
             assert http.get("/v1/models", headers={"authorization": "Bearer nope"}).status_code == 401
