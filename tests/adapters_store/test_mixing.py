@@ -56,6 +56,33 @@ def test_each_row_of_a_batch_gets_its_own_mix() -> None:
         assert torch.allclose(ref(x[2:3]).logits[0], batched[2], atol=1e-4)
 
 
+def test_packed_siblings_share_one_down_projection_and_stay_exact_on_other_inputs() -> None:
+    """q, k and v read the same input, so their A's run as one bmm; a sibling fed another tensor must not
+    reuse that product (the guard is the input itself, not the call order)."""
+    model = tiny_llama()
+    a1 = random_adapter(model, 4, 8, seed=5, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    a2 = random_adapter(model, 2, 2, seed=6, targets=("q_proj", "v_proj"))  # k gets a's block only
+    bank = LoRABank(model)
+    bank.add("one", a1)
+    bank.add("two", a2)
+    mixes = [[("one", 0.6), ("two", 0.4)], [("two", 1.0)]]
+    attn = model.model.layers[0].self_attn
+    x, other = torch.randn(2, 3, 32), torch.randn(2, 3, 32)
+    with torch.no_grad(), bank.mixed(mixes):
+        plans = [attn.q_proj.plan, attn.k_proj.plan, attn.v_proj.plan]
+        assert plans[0].shared is not None and all(p.shared is plans[0].shared for p in plans)
+        assert attn.o_proj.plan.shared is None  # o reads the attention output: its own bmm
+        got = {"q_proj": attn.q_proj(x), "k_proj": attn.k_proj(other), "v_proj": attn.v_proj(x)}
+    prefix = "model.layers.0.self_attn."
+    for name, out in got.items():
+        inp, layer = (other if name == "k_proj" else x), getattr(attn, name).base
+        for row, mix in enumerate(mixes):
+            adapters = [({"one": a1, "two": a2}[s], w) for s, w in mix]
+            blocks = [(a.modules[prefix + name], w) for a, w in adapters if prefix + name in a.modules]
+            want = inp[row] @ (layer.weight + mix_delta(blocks)).T if blocks else layer(inp[row])
+            assert torch.allclose(out[row], want, atol=1e-5), f"{name} row {row}"
+
+
 def test_unknown_skill_in_mix_is_an_error() -> None:
     bank = LoRABank(tiny_llama())
     with pytest.raises(KeyError):
