@@ -27,7 +27,7 @@ from skillpool.trainer.scoring import mean_score, metric_for
 from skillpool.trainer.worker import split_examples
 
 from .baselines import Baselines
-from .continual_metrics import ap_curve, cl_metrics
+from .continual_metrics import ap_curve, auto_vs_forced, cl_metrics
 from .continual_report import plot, print_table
 from .tasks import task_lines
 
@@ -237,6 +237,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "metrics": {t.name: t.metric for t in tasks},
             "single_task": {t.name: s for t, s in zip(tasks, single)},
             "routed_to_own_skill": server["routed_to_own_skill"],
+            "auto_minus_forced": dict(
+                zip([t.name for t in tasks], auto_vs_forced(server["matrix"], server["oracle_matrix"]))
+            ),
             "jobs": server["jobs"],
             "router_mode": server["router_mode"],
             "time": {

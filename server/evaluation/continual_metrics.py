@@ -55,3 +55,12 @@ def ap_curve(matrix: Matrix) -> list[float | None]:
         seen = row[: j + 1]
         out.append(None if any(v is None for v in seen) else sum(float(v) for v in seen if v is not None) / (j + 1))
     return out
+
+
+def auto_vs_forced(matrix: Matrix, forced: Matrix) -> list[float]:
+    """Per task, its final `model=auto` score minus its forced skill's score (the oracle's last row): what
+    routing and mixing cost (< 0) or add (> 0) over serving the task's own skill alone."""
+    auto, own = matrix[-1], forced[-1]
+    if any(v is None for v in auto) or any(v is None for v in own) or len(auto) != len(own):
+        raise ValueError("both last rows must score every task")
+    return [float(a) - float(f) for a, f in zip(auto, own) if a is not None and f is not None]

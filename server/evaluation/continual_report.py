@@ -19,6 +19,9 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"\n{'':<10}{'AP':>8}{'F.Ra':>8}{'FWT':>8}{'BWT':>8}")
     for label, m in [(result["method"], result), *result["baselines"].items()]:
         print(f"{label:<10}" + "".join(f"{_fmt(m.get(k)):>8}" for k in ("AP", "F.Ra", "FWT", "BWT")))
+    gap = result.get("auto_minus_forced")
+    if gap:  # issue 18's check: the mix must not dilute the right skill
+        print("\nmodel=auto minus the forced skill, final row: " + "  ".join(f"{n} {g:+.1f}" for n, g in gap.items()))
     tm = result["time"]
     print(
         f"\ntime: total {tm['total_s']:.0f}s; method training {tm['train_s']:.0f}s at {tm['train_tokens_per_s']:.0f} tok/s, "

@@ -61,6 +61,7 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
     assert r["baselines"]["oracle"]["FWT"] == pytest.approx(0.0)
     assert r["FWT"] == pytest.approx(((r["matrix"][0][0] - oracle[0][0]) + (r["matrix"][1][1] - oracle[1][1])) / 2)
     assert r["BWT"] == pytest.approx(r["matrix"][1][0] - r["matrix"][0][0])
+    assert r["auto_minus_forced"] == {n: r["matrix"][1][i] - oracle[1][i] for i, n in enumerate(r["tasks"])}
     assert lower_triangular(r["baselines"]["seq"]["matrix"]) and r["baselines"]["seq"]["BWT"] is not None
     mtl = r["baselines"]["mtl"]
     assert mtl["matrix"][0] == [None, None] and mtl["AP"] is not None and mtl["BWT"] is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skillpool.server.evaluation.continual_metrics import ap_curve, cl_metrics
+from skillpool.server.evaluation.continual_metrics import ap_curve, auto_vs_forced, cl_metrics
 
 # a[j][i]: task i after training task j
 M = [
@@ -50,3 +50,11 @@ def test_bad_shapes_are_refused() -> None:
 def test_ap_curve() -> None:
     assert ap_curve(M) == [80.0, 65.0, pytest.approx(205 / 3)]
     assert ap_curve([[None, None], [1.0, 3.0]]) == [None, 2.0]
+
+
+def test_auto_vs_forced_is_the_final_rows_difference() -> None:
+    auto = [[70.0, None], [66.0, 52.0]]
+    forced = [[72.0, None], [72.0, 50.0]]  # a forced block is frozen: its column repeats
+    assert auto_vs_forced(auto, forced) == [-6.0, 2.0]
+    with pytest.raises(ValueError):
+        auto_vs_forced([[70.0, None], [66.0, None]], forced)
