@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-_SLUG = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
+# fullmatch, not match: `$` also matches before a trailing newline, and "abc\n" would pass
+_SLUG = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?")
 # Names the API gives another meaning to (`model="auto"` routes, `base` means no adapter).
 RESERVED = frozenset({"auto", "base"})
 
@@ -17,7 +18,7 @@ def validate_skill_name(name: str) -> str:
     """Return `name` if it is a usable skill slug, else raise InvalidSkillName saying why."""
     if not isinstance(name, str) or not name:
         raise InvalidSkillName("skill name is required")
-    if not _SLUG.match(name) or ".." in name:
+    if not _SLUG.fullmatch(name) or ".." in name:
         raise InvalidSkillName(
             f"invalid skill name {name!r}: use 1-64 lowercase letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -74,6 +75,8 @@ class TrainConfig:
                     raise ConfigError(f"config.{key}", "must be a non-empty list of module names")
             elif not isinstance(value, want) or isinstance(value, bool):
                 raise ConfigError(f"config.{key}", f"must be a {want.__name__}, got {value!r}")
+            elif want is float and not math.isfinite(value):  # json.loads accepts NaN and Infinity
+                raise ConfigError(f"config.{key}", f"must be a finite number, got {value!r}")
             base[key] = value
         cfg = cls(**base)
         cfg._check()
@@ -108,6 +111,14 @@ class TrainConfig:
                 raise ConfigError(f"config.{name}", "must be in [0, 1)")
         if self.epochs > 100 or self.rank > 256 or self.batch_size > 512:
             raise ConfigError("config", "epochs <= 100, rank <= 256 and batch_size <= 512")
+        upper = {"learning_rate": 1.0, "alpha": 1e4, "max_seq_len": 32768, "max_eval_examples": 100_000}
+        upper |= {"probe_size": 10_000, "quality_z": 10.0, "kif_init_blocks": 64, "sapt_route_weight": 1e3}
+        upper |= {"quality_max_drop": 1.0, "weight_decay": 10.0, "kif_inner_steps": 1000}
+        for name, most in upper.items():
+            if getattr(self, name) > most:
+                raise ConfigError(f"config.{name}", f"must be <= {most:g}")
+        if not 0 <= self.seed < 2**63:  # torch.manual_seed takes no more
+            raise ConfigError("config.seed", "must be in [0, 2**63)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

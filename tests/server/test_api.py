@@ -176,6 +176,19 @@ def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, comp
         400,
         "config",
     )
+    assert_error(  # `$` would let a trailing newline through; the name then breaks every routed request
+        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "abc\n"}),
+        400,
+        "name",
+        "invalid_name",
+    )
+    assert_error(  # json.loads takes NaN: refused now, not a 500 in the trainer later
+        client.post(
+            "/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": '{"alpha": NaN}'}
+        ),
+        400,
+        "config.alpha",
+    )
     assert_error(
         client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "magic"}),
         400,

@@ -24,6 +24,12 @@ def test_defaults_and_overrides() -> None:
         ({"dropout": 1.5}, "config.dropout"),
         ({"target_modules": []}, "config.target_modules"),
         ({"bogus": 1}, "config.bogus"),
+        ({"learning_rate": float("nan")}, "config.learning_rate"),
+        ({"alpha": float("inf")}, "config.alpha"),
+        ({"quality_min_gain": float("-inf")}, "config.quality_min_gain"),
+        ({"learning_rate": 5.0}, "config.learning_rate"),
+        ({"seed": 2**64}, "config.seed"),
+        ({"seed": -1}, "config.seed"),
     ],
 )
 def test_bad_hyperparameters_name_the_field(raw: dict, param: str) -> None:
