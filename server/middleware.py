@@ -17,6 +17,20 @@ from .errors import envelope
 from .metrics import Metrics
 
 _GUARDED = ("/v1", "/tasks")
+_MULTIPART = ("/tasks", "/v1/files")  # uploads: multipart/form-data, checked by their handlers
+
+
+def json_required(scope: Scope) -> bool:
+    """Whether this request carries a body that must be JSON and is not declared so: a 415, before anything
+    reads it (a web page can post text/plain to a local server without a CORS preflight)."""
+    path = str(scope["path"])
+    if scope["method"] not in ("POST", "PUT", "PATCH") or not path.startswith("/v1") or path.startswith(_MULTIPART):
+        return False
+    headers = dict(scope["headers"])
+    if headers.get(b"content-length", b"0") == b"0" and b"transfer-encoding" not in headers:
+        return False  # no body (e.g. POST .../cancel): nothing to parse
+    media = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+    return not (media == b"application/json" or media.endswith(b"+json"))
 
 
 class AuthAndCount:
@@ -33,6 +47,11 @@ class AuthAndCount:
             if not any([hmac.compare_digest(given, k) for k in self.accepted]):  # a list: compare with every key
                 await _json(send, 401, envelope(401, "invalid or missing API key", None, "invalid_api_key"))
                 return
+        if json_required(scope):
+            msg = "Content-Type must be application/json"
+            await _json(send, 415, envelope(415, msg, "content-type", "unsupported_media_type"))
+            self.metrics.requests.labels("unmatched", "415").inc()
+            return
         t0 = time.perf_counter()
         status, streaming = 500, False
 

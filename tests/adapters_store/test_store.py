@@ -98,7 +98,9 @@ def test_half_written_folders_are_invisible_and_cleaned(tmp_path: Path) -> None:
     assert store.write(draft()).version == 1
 
 
-@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "Upper", "-x", "x-", "auto", "base", "a" * 65, "a..b", "sp ace", "abc\n", "\nabc"])
+@pytest.mark.parametrize(
+    "bad", ["", "../etc", "a/b", "Upper", "-x", "x-", "auto", "base", "a" * 65, "a..b", "sp ace", "abc\n", "\nabc"]
+)
 def test_bad_names_are_rejected(bad: str, tmp_path: Path) -> None:
     with pytest.raises(InvalidSkillName):
         validate_skill_name(bad)

@@ -384,3 +384,13 @@ def test_ignore_eos_decodes_the_whole_budget(client: TestClient) -> None:
     resp = chat(client, "Hello there", model="base", max_tokens=7, ignore_eos=True)
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 7
     assert_error(chat(client, "Hi", ignore_eos="yes"), 400, "ignore_eos", "invalid_value")
+
+
+def test_a_json_endpoint_refuses_a_body_not_declared_json(client: TestClient) -> None:
+    """A web page may post text/plain (or a form) to a local server without a CORS preflight: 415."""
+    body = json.dumps({"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    for headers in ({"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}, {}):
+        r = client.post("/v1/chat/completions", content=body, headers=headers)
+        assert_error(r, 415, "content-type", "unsupported_media_type")
+    ok = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200, ok.text
