@@ -23,6 +23,7 @@ from .engines import Engine
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
 from .health_api import install_health
+from .limits import BodyLimit
 from .metrics import Metrics
 from .middleware import AuthAndCount
 from .routing import RoutingStage
@@ -61,6 +62,7 @@ def create_app(c: Components) -> FastAPI:
     app.state.components = c
     install_handlers(app)
     install_admin(app, c.router, c.metrics)
+    app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
     app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=c.metrics, admin_key=c.cfg.admin_key)
 
     install_health(app, c)

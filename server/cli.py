@@ -117,6 +117,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     p.add_argument("--max-waiting", type=int, default=d.max_waiting, help="beyond this many waiting requests: 429")
     p.add_argument(
+        "--max-upload-mb", type=float, default=d.max_upload_bytes / 2**20, help="dataset uploads beyond this: 413"
+    )
+    p.add_argument(
+        "--max-request-mb", type=float, default=d.max_request_bytes / 2**20, help="other request bodies beyond: 413"
+    )
+    p.add_argument(
         "--max-loaded-skills",
         type=int,
         default=d.max_loaded_skills,
@@ -224,6 +230,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         max_batched_tokens=args.max_batched_tokens,
         max_waiting=args.max_waiting,
+        max_upload_bytes=int(args.max_upload_mb * 2**20),
+        max_request_bytes=int(args.max_request_mb * 2**20),
         max_loaded_skills=args.max_loaded_skills,
         prefix_cache_tokens=args.prefix_cache_tokens,
         max_loras=args.max_loras,

@@ -31,6 +31,7 @@ class ServerConfig:
     max_model_len: int | None = None  # vllm: context length (None: the model's own)
     default_max_tokens: int = 512
     max_upload_bytes: int = 50 * 1024 * 1024
+    max_request_bytes: int = 8 * 1024 * 1024  # any other body (chat): 413 beyond, counted as it streams
     max_upload_examples: int = 100_000
     min_upload_examples: int = 10
     max_pending_jobs: int = 16  # uploads beyond this get 429

@@ -45,11 +45,11 @@ class AuthAndCount:
         if self.api_key and str(scope["path"]).startswith(_GUARDED):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not any([hmac.compare_digest(given, k) for k in self.accepted]):  # a list: compare with every key
-                await _json(send, 401, envelope(401, "invalid or missing API key", None, "invalid_api_key"))
+                await send_json(send, 401, envelope(401, "invalid or missing API key", None, "invalid_api_key"))
                 return
         if json_required(scope):
             msg = "Content-Type must be application/json"
-            await _json(send, 415, envelope(415, msg, "content-type", "unsupported_media_type"))
+            await send_json(send, 415, envelope(415, msg, "content-type", "unsupported_media_type"))
             self.metrics.requests.labels("unmatched", "415").inc()
             return
         t0 = time.perf_counter()
@@ -73,7 +73,7 @@ class AuthAndCount:
                 self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
 
 
-async def _json(send: Send, status: int, body: dict[str, Any]) -> None:
+async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     import json
 
     raw = json.dumps(body).encode()

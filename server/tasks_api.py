@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 def install_tasks(app: FastAPI, c: Components) -> None:
     @app.post("/tasks", status_code=202)
     async def create_task(request: Request) -> JSONResponse:
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > c.cfg.max_upload_bytes + 64 * 1024:
-            raise APIError(413, f"upload is larger than {c.cfg.max_upload_bytes} bytes", "file", "file_too_large")
         ctype = request.headers.get("content-type", "")
         if not ctype.startswith("multipart/form-data"):
             raise APIError(

@@ -41,9 +41,6 @@ def get_file(files: FileStore, file_id: str, param: str = "file_id") -> StoredFi
 async def create_file(request: Request) -> dict[str, Any]:
     c = _components(request)
     limit = c.cfg.max_upload_bytes
-    length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > limit + 64 * 1024:
-        raise APIError(413, f"file is larger than {limit} bytes", "file", "file_too_large")
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise APIError(
             400, "POST /v1/files takes multipart/form-data with 'file' and 'purpose'", None, "invalid_request"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -394,3 +395,49 @@ def test_a_json_endpoint_refuses_a_body_not_declared_json(client: TestClient) ->
         assert_error(r, 415, "content-type", "unsupported_media_type")
     ok = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 200, ok.text
+
+
+JSON = {"content-type": "application/json"}
+
+
+def _stream_into(app, path: str, ctype: bytes, chunk: int, chunks: int, head: bytes = b"") -> tuple[int, dict, int]:  # type: ignore[no-untyped-def]
+    """Send a chunked body (no Content-Length) to the ASGI app as a client would: `head`, then `chunks` pieces
+    of `chunk` bytes, pulled one by one as the app reads. Returns the status, the JSON body and the pieces pulled."""
+    pulled = 0
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal pulled
+        pulled += 1
+        return {
+            "type": "http.request",
+            "body": (head if pulled == 1 else b"") + b"x" * chunk,
+            "more_body": pulled < chunks,
+        }
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", ctype), (b"transfer-encoding", b"chunked")]
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b""}
+    scope |= {"headers": headers, "http_version": "1.1", "scheme": "http", "server": ("t", 80), "client": ("c", 1)}
+    asyncio.run(app(scope, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], json.loads(body), pulled
+
+
+def test_bodies_over_the_limit_are_cut_off_while_they_stream(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    """A 400 MiB chunked upload stops being read just past the limit (never buffered): 413 in the envelope."""
+    chunk = 64 * 1024
+    part = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="d.jsonl"\r\n\r\n'
+    status, body, pulled = _stream_into(client.app, "/tasks", b"multipart/form-data; boundary=zz", chunk, 6400, part)
+    assert status == 413 and body["error"]["code"] == "file_too_large"
+    assert pulled <= (components.cfg.max_upload_bytes + 64 * 1024) // chunk + 2  # of 6400 offered
+    status, body, pulled = _stream_into(client.app, "/v1/chat/completions", b"application/json", chunk, 6400)
+    assert status == 413 and body["error"]["code"] == "request_too_large"  # not FastAPI's 400
+    assert pulled <= components.cfg.max_request_bytes // chunk + 2
+    declared = client.post(  # a declared length over the limit: refused before reading
+        "/v1/chat/completions", content=b" " * (components.cfg.max_request_bytes + 1), headers=JSON
+    )
+    assert_error(declared, 413, None, "request_too_large")
+    assert chat(client, "still fine").status_code == 200  # the server goes on
