@@ -133,6 +133,8 @@ def install_chat(app: FastAPI, c: Components) -> None:
             decision = await c.routing.decide(route_text(params.messages), target)
         except EngineBusy as e:
             raise _busy(e) from None
+        if params.expected_skill is not None and params.model == "auto":
+            _count_label(params.expected_skill, decision)
         cid = completion_id()
         sampling = SamplingParams(
             max_tokens=params.max_tokens or min(room, c.cfg.default_max_tokens),
@@ -161,6 +163,13 @@ def install_chat(app: FastAPI, c: Components) -> None:
                 _stream(cid, stream, params, decision, len(prompt_ids)), media_type="text/event-stream", headers=headers
             )
         return await _complete(request, cid, stream, params, decision, len(prompt_ids), headers)
+
+    def _count_label(expected: str, decision: Decision) -> None:
+        """Live routing accuracy from labelled traffic: was the top-1 route the skill the client expected?
+        Names the pool does not serve count as "other", so clients cannot grow the label set unbounded."""
+        label = "base" if expected in ("base", c.base.model_id) else (c.pool.resolve(expected) or "other")
+        top = decision.route[0][0] if decision.route else "base"
+        m.labelled.labels(label, "true" if top == label else "false").inc()
 
     async def _timed(first: EngineEvent, events: AsyncIterator[EngineEvent], t0: float) -> AsyncIterator[EngineEvent]:
         """The request's events with latency metrics; closing it early aborts the request in the engine."""

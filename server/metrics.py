@@ -63,6 +63,12 @@ class Metrics:
         self.training_tokens_per_s = Gauge(
             "skillpool_training_tokens_per_second", "Training throughput", ["skill"], registry=r
         )
+        self.labelled = Counter(
+            "skillpool_labelled_requests_total",
+            "Auto-routed requests that named the skill they expect (metadata.expected_skill), by top-1 correct",
+            ["expected_skill", "correct"],
+            registry=r,
+        )
         self.routing_accuracy = Gauge(
             "skillpool_routing_accuracy",
             "Share of a skill's held-out probe prompts routed to it (top-1)",

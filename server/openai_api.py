@@ -16,7 +16,6 @@ _ROLES = {"system", "developer", "user", "assistant"}
 # Accepted and ignored: they do not change what we generate.
 _IGNORED = {
     "user",
-    "metadata",
     "store",
     "service_tier",
     "parallel_tool_calls",
@@ -48,6 +47,7 @@ class ChatParams:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # vLLM's extension (benchmarks): decode max_tokens even past the end of text
+    expected_skill: str | None = None  # metadata.expected_skill: a label that feeds the live routing accuracy
 
 
 def _num(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
@@ -83,6 +83,20 @@ def _content(m: dict[str, Any], i: int) -> str:
         f"messages[{i}].content",
         "invalid_value",
     )
+
+
+def _metadata(meta: Any) -> dict[str, str]:
+    """OpenAI's `metadata`: at most 16 string pairs, keys up to 64 characters, values up to 512."""
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or len(meta) > 16:
+        raise APIError(400, "metadata must be an object of at most 16 string pairs", "metadata", "invalid_value")
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str) or len(k) > 64 or len(v) > 512:
+            raise APIError(
+                400, "metadata keys are strings up to 64 characters, values up to 512", f"metadata.{k}", "invalid_value"
+            )
+    return meta
 
 
 def parse_chat_request(body: Any) -> ChatParams:
@@ -149,6 +163,7 @@ def parse_chat_request(body: Any) -> ChatParams:
         raise APIError(400, "ignore_eos must be a boolean", "ignore_eos", "invalid_value")
     return ChatParams(
         ignore_eos=ignore_eos,
+        expected_skill=_metadata(body.get("metadata")).get("expected_skill"),
         model=model,
         messages=messages,
         max_tokens=max_tokens,

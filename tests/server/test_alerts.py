@@ -37,3 +37,19 @@ def test_every_alert_fires_on_its_series_and_only_then(promtool: str) -> None:
     rules = (PROM / "alerts.yml").read_text()
     alerts = [line.split(":", 1)[1].strip() for line in rules.splitlines() if line.strip().startswith("- alert:")]
     assert len(alerts) == 6 and all(f"alertname: {a}" in tested for a in alerts)  # none left untested
+
+
+def test_dashboard_and_rules_name_only_metrics_the_server_exports() -> None:
+    """A renamed metric would leave a panel or an alert silently empty: every skillpool_* series they query
+    must be one the server's registry can produce."""
+    import re
+
+    from skillpool.server.metrics import Metrics
+
+    exported: set[str] = set()
+    for family in Metrics().registry.collect():
+        exported |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_sum", "_count")}
+    dashboard = (PROM.parent / "grafana" / "dashboards" / "skillpool.json").read_text()
+    rules = (PROM / "alerts.yml").read_text()
+    used = set(re.findall(r"skillpool_[a-z0-9_]+", dashboard + rules))
+    assert used and used <= exported, sorted(used - exported)

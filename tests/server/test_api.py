@@ -441,3 +441,26 @@ def test_bodies_over_the_limit_are_cut_off_while_they_stream(client: TestClient,
     )
     assert_error(declared, 413, None, "request_too_large")
     assert chat(client, "still fine").status_code == 200  # the server goes on
+
+
+def _labelled(client: TestClient, skill: str, correct: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(f'skillpool_labelled_requests_total{{correct="{correct}",expected_skill="{skill}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_labelled_requests_feed_the_live_routing_accuracy(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    """metadata.expected_skill on an auto-routed request counts its top-1 route as right or wrong; names the
+    pool does not serve are counted as "other" (bounded labels); metadata is validated as OpenAI does."""
+    before = {k: _labelled(client, *k) for k in (("base", "true"), ("other", "false"))}
+    routed = chat(client, "Hello there, how are you?", metadata={"expected_skill": "base"})
+    assert routed.status_code == 200 and routed.headers["x-skillpool-route"] == "base"  # nothing else fits it
+    assert chat(client, "Hello again", metadata={"expected_skill": "no-such-skill"}).status_code == 200
+    assert (
+        chat(client, "Hi", model="base", metadata={"expected_skill": "base"}).status_code == 200
+    )  # forced: not routing
+    assert _labelled(client, "base", "true") == before[("base", "true")] + 1
+    assert _labelled(client, "other", "false") == before[("other", "false")] + 1
+    assert_error(chat(client, "x", metadata={f"k{i}": "v" for i in range(17)}), 400, "metadata", "invalid_value")
+    assert_error(chat(client, "x", metadata={"expected_skill": 3}), 400, "metadata.expected_skill", "invalid_value")
