@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -76,6 +77,15 @@ def install_handlers(app: Any) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return JSONResponse(envelope(exc.status_code, str(exc.detail), None, code), status_code=exc.status_code)
+
+    @app.exception_handler(redis.ConnectionError)
+    @app.exception_handler(redis.TimeoutError)
+    async def _queue_down(_: Request, exc: redis.RedisError) -> JSONResponse:
+        # the job queue (Redis) is down: what needs it waits and retries; chat and /v1/models never touch it
+        body = envelope(
+            503, f"the job queue is unreachable ({type(exc).__name__}); retry later", None, "queue_unavailable"
+        )
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 if TYPE_CHECKING:
     from .app import Components
+
+log = logging.getLogger(__name__)
 
 
 def install_health(app: FastAPI, c: Components) -> None:
@@ -32,7 +35,10 @@ def install_health(app: FastAPI, c: Components) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         # gauges that are cheaper to read when scraped than to keep current
-        m.training_queue.set(c.jobs.depth())
+        try:
+            m.training_queue.set(c.jobs.depth())
+        except Exception as e:  # the job queue (Redis) may be down: every other series still matters
+            log.warning("/metrics: job queue depth unavailable: %s", e)
         stats = c.engine.stats()
         m.queue_depth.set(stats["waiting"])
         m.running.set(stats["running"])

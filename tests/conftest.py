@@ -117,9 +117,8 @@ def wait_job(client, job_id: str, timeout: float = 300) -> dict:  # type: ignore
     raise AssertionError(f"job {job_id} did not finish: {job}")
 
 
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """A private redis-server on a free port for this test session (skips when redis-server is absent)."""
+def start_redis(folder: Path, port: int | None = None) -> tuple[Any, str]:
+    """A private redis-server (no persistence) on `port` or a free one: its process and URL, once it answers."""
     import shutil
     import subprocess
     import time
@@ -131,8 +130,8 @@ def redis_url(tmp_path_factory):  # type: ignore[no-untyped-def]
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed")
-    port = free_port()
-    folder = tmp_path_factory.mktemp("redis")
+    port = port or free_port()
+    folder.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
         stdout=subprocess.DEVNULL,
@@ -143,12 +142,18 @@ def redis_url(tmp_path_factory):  # type: ignore[no-untyped-def]
     while True:
         try:
             redis.Redis.from_url(url).ping()
-            break
+            return proc, url
         except redis.RedisError:
             if time.time() > deadline:
                 proc.kill()
                 raise
             time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A private redis-server on a free port for this test session (skips when redis-server is absent)."""
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
     yield url
     proc.terminate()
     proc.wait(timeout=10)

@@ -148,29 +148,37 @@ class RedisJobQueue:
                 continue
             if item is None:
                 continue
-            job_id = str(item[1])
-            job, raw = self.get(job_id), self.r.getdel(self.keys.data(job_id))
-            if job is None or raw is None or job.status in TERMINAL:
-                continue
-            data = json.loads(raw)
-            job.status, job.started_at = JobStatus.RUNNING, time.time()
-            job.log("Fine-tuning job started")
-            self._save(job)
-            cancel_key = self.keys.cancel(job_id)
+            try:
+                self._run(str(item[1]))
+            except redis.RedisError as e:  # never let the trainer thread die silently on a Redis error
+                log.warning("job queue unreachable while running job %s (%s); going on", item[1], e)
+                time.sleep(2)
 
-            def cancelled(key: str = cancel_key) -> bool:
-                return bool(self.r.exists(key))
+    def _run(self, job_id: str) -> None:
+        """Take a popped job: its data, the running state, training (the data key goes once: at most once)."""
+        assert self.runner is not None
+        job, raw = self.get(job_id), self.r.getdel(self.keys.data(job_id))
+        if job is None or raw is None or job.status in TERMINAL:
+            return
+        data = json.loads(raw)
+        job.status, job.started_at = JobStatus.RUNNING, time.time()
+        job.log("Fine-tuning job started")
+        self._save(job)
+        cancel_key = self.keys.cancel(job_id)
 
-            run_job(
-                job,
-                data["examples"],
-                TrainConfig.from_dict(data["config"]),
-                self.runner,
-                self._save,
-                self._finish,
-                self._succeeded,
-                cancelled,
-            )
+        def cancelled(key: str = cancel_key) -> bool:
+            return bool(self.r.exists(key))
+
+        run_job(
+            job,
+            data["examples"],
+            TrainConfig.from_dict(data["config"]),
+            self.runner,
+            self._save,
+            self._finish,
+            self._succeeded,
+            cancelled,
+        )
 
     def _listen(self) -> None:
         assert self.on_event is not None
