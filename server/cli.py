@@ -96,9 +96,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="require this bearer token (env SKILLPOOL_API_KEY)",
     )
     p.add_argument(
+        "--admin-api-key",
         "--admin-key",
+        dest="admin_key",
         default=os.environ.get("SKILLPOOL_ADMIN_KEY"),
-        help="bearer token for admin actions: force, retire, rollback (env SKILLPOOL_ADMIN_KEY; default: any caller)",
+        help="bearer token for uploads, training, force, retire and rollback; --api-key then only chats and reads "
+        "(env SKILLPOOL_ADMIN_KEY; default: any caller the API key admits)",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--engine", choices=ENGINES, default=d.engine, help="the engine that generates")

@@ -17,7 +17,10 @@ from .errors import envelope
 from .metrics import Metrics
 
 _GUARDED = ("/v1", "/tasks")
-_MULTIPART = ("/tasks", "/v1/files")  # uploads: multipart/form-data, checked by their handlers
+_MULTIPART = ("/tasks", "/v1/files")
+# Writes that train, upload or change what is served: the admin key's alone once one is set.
+_ADMIN_WRITES = ("/tasks", "/v1/files", "/v1/fine_tuning", "/v1/models")
+_READS = ("GET", "HEAD", "OPTIONS")  # uploads: multipart/form-data, checked by their handlers
 
 
 def json_required(scope: Scope) -> bool:
@@ -37,6 +40,7 @@ class AuthAndCount:
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics, admin_key: str | None = None) -> None:
         self.app, self.api_key, self.metrics = app, api_key, metrics
         self.accepted = [f"Bearer {k}".encode() for k in (api_key, admin_key) if k]  # the admin may do all a user may
+        self.admin = f"Bearer {admin_key}".encode() if admin_key else b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,6 +51,11 @@ class AuthAndCount:
             if not any([hmac.compare_digest(given, k) for k in self.accepted]):  # a list: compare with every key
                 await send_json(send, 401, envelope(401, "invalid or missing API key", None, "invalid_api_key"))
                 return
+            if self.admin and scope["method"] not in _READS and str(scope["path"]).startswith(_ADMIN_WRITES):
+                if not hmac.compare_digest(given, self.admin):
+                    msg = "this key may chat and read; uploads, training and model changes need the admin key"
+                    await send_json(send, 403, envelope(403, msg, None, "permission_denied"))
+                    return
         if json_required(scope):
             msg = "Content-Type must be application/json"
             await send_json(send, 415, envelope(415, msg, "content-type", "unsupported_media_type"))

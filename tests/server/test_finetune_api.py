@@ -202,31 +202,26 @@ def test_cancel_list_and_request_errors(client: OpenAI, http: TestClient) -> Non
     envelope(http, "GET", "/v1/fine_tuning/jobs/job-nope", 404, "fine_tuning_job_id")
 
 
-def test_force_retire_and_rollback_are_for_the_admin(components, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_with_an_admin_key_the_chat_key_cannot_upload_or_train(components, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
     cfg = replace(components.cfg, data_dir=tmp_path, api_key="user", admin_key="admin")
     c = build_components(cfg, base=tiny_base, embedder=embedder)
     try:
         with TestClient(create_app(c)) as http:
-            user = {"authorization": "Bearer user"}
-            f = http.post(
-                "/v1/files", files={"file": ("s.jsonl", sst2_lines(12))}, data={"purpose": "fine-tune"}, headers=user
-            )
+            user, admin = {"authorization": "Bearer user"}, {"authorization": "Bearer admin"}
+            upload = {"files": {"file": ("s.jsonl", sst2_lines(12))}, "data": {"purpose": "fine-tune"}}
+            envelope(http, "POST", "/v1/files", 403, None, headers=user, **upload)
+            envelope(http, "POST", "/tasks", 403, None, files=upload["files"], data={"name": "s"}, headers=user)
+            f = http.post("/v1/files", headers=admin, **upload)
+            assert f.status_code == 200, f.text
             body = {"model": "tiny-llama", "training_file": f.json()["id"], "metadata": {"force": "true"}}
-            envelope(http, "POST", "/v1/fine_tuning/jobs", 403, "metadata.force", json=body, headers=user)
-            form = {"name": "s", "force": "true"}
-            envelope(
-                http,
-                "POST",
-                "/tasks",
-                403,
-                "force",
-                files={"file": ("s.jsonl", sst2_lines(12))},
-                data=form,
-                headers=user,
-            )
-            assert http.get("/v1/models", headers={"authorization": "Bearer admin"}).status_code == 200
+            envelope(http, "POST", "/v1/fine_tuning/jobs", 403, None, json=body, headers=user)
+            envelope(http, "DELETE", "/v1/models/anything", 403, None, headers=user)
+            chat = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            assert http.post("/v1/chat/completions", json=chat, headers=user).status_code == 200
+            assert http.get("/v1/models", headers=user).status_code == 200  # reads stay open to the chat key
+            assert http.get("/v1/models", headers=admin).status_code == 200
             assert http.get("/v1/models", headers={"authorization": "Bearer nope"}).status_code == 401
     finally:
         c.close()
