@@ -1,4 +1,5 @@
-"""Health and metrics endpoints: GET /healthz (engine and routing alive; 503 otherwise) and GET /metrics."""
+"""Health and metrics endpoints: GET /healthz (liveness: engine and routing alive; 503 otherwise), GET /readyz
+(readiness, with each check) and GET /metrics."""
 
 from __future__ import annotations
 
@@ -31,6 +32,21 @@ def install_health(app: FastAPI, c: Components) -> None:
             **c.engine.stats(),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Readiness: may this replica take traffic? The engine thread alive, the routing stage alive and the
+        base model loaded (components are built before the app serves). Redis is left out on purpose: chat
+        keeps working without it, so a balancer must not drain the replica when only uploads are affected."""
+        checks = {
+            "engine": c.engine.healthy(),
+            "routing": c.routing.alive(),
+            "model": c.engine.max_context > 0,
+        }
+        ready = all(checks.values())
+        failing = [k for k, ok in checks.items() if not ok]
+        body = {"status": "ready" if ready else "not_ready", "checks": checks, "failing": failing}
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -56,6 +56,8 @@ def assert_error(resp, status: int, param: str | None, code: str | None = None) 
 
 def test_health_and_models(client: TestClient) -> None:
     assert client.get("/healthz").json()["status"] == "ok"
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"engine": True, "routing": True, "model": True}
     ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
     assert ids[:2] == ["tiny-llama", "auto"]
     assert client.get("/v1/models/auto").json()["parent"] == "tiny-llama"
@@ -464,3 +466,16 @@ def test_labelled_requests_feed_the_live_routing_accuracy(client: TestClient, co
     assert _labelled(client, "other", "false") == before[("other", "false")] + 1
     assert_error(chat(client, "x", metadata={f"k{i}": "v" for i in range(17)}), 400, "metadata", "invalid_value")
     assert_error(chat(client, "x", metadata={"expected_skill": 3}), 400, "metadata.expected_skill", "invalid_value")
+
+
+def test_readiness_and_liveness_tell_a_dead_engine(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    c = build_components(ServerConfig(data_dir=tmp_path, default_max_tokens=2), base=tiny_base, embedder=embedder)
+    try:
+        with TestClient(create_app(c)) as http:
+            assert http.get("/readyz").status_code == 200
+            c.engine.close()  # the engine thread ends: nothing can be served
+            ready = http.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["failing"] == ["engine"]
+            assert http.get("/healthz").status_code == 503
+    finally:
+        c.close()
