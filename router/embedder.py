@@ -46,11 +46,24 @@ class SentenceEmbedder:
         self._lock = threading.Lock()  # the tokenizer is not safe to share across threads
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-norm embeddings. A long list (a trainer embedding an upload) holds the lock one batch at a
+        time, longest texts first as sentence-transformers batches them, so the serving router's small
+        batches get the model between two of its batches instead of waiting for the whole upload."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if len(texts) <= self.batch_size:
+            return self._encode(list(texts))
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            out[idx] = self._encode([texts[i] for i in idx])
+        return out
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
         with self._lock:
             vecs = self.model.encode(
-                list(texts),
+                texts,
                 batch_size=self.batch_size,
                 normalize_embeddings=True,
                 convert_to_numpy=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_base_model
 from skillpool.adapters_store.store import SkillRecord, SkillStore
@@ -25,8 +26,20 @@ from .skills import SkillPool
 log = logging.getLogger(__name__)
 
 
-def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
+def make_runner(
+    trainer: SkillTrainer, metrics: Metrics, busy: Callable[[], bool] | None = None, max_yield_s: float = 2.0
+) -> Runner:
+    """A job runner for this server's trainer. `busy`: whether serving has requests running or waiting; an
+    in-process trainer then waits before each optimizer step (at most `max_yield_s` a step, so it still
+    progresses under constant load): on shared cores chat's next token comes first."""
+
     def run(job: Job, examples, train_cfg, progress, should_stop) -> SkillRecord:  # type: ignore[no-untyped-def]
+        def stop_or_yield() -> bool:
+            deadline = time.monotonic() + max_yield_s
+            while busy is not None and busy() and time.monotonic() < deadline and not should_stop():
+                time.sleep(0.02)
+            return bool(should_stop())
+
         def report(p):  # type: ignore[no-untyped-def]
             progress(p)
             if p.loss is not None:
@@ -36,10 +49,15 @@ def make_runner(trainer: SkillTrainer, metrics: Metrics) -> Runner:
         alias = (job.fine_tuning or {}).get("fine_tuned_model")  # the OpenAI model id the skill answers to
         extra = {"fine_tuned_model": alias, "fine_tuning_job": job.id} if alias else None
         return trainer.run(
-            job.skill, examples, train_cfg, job.method, report, should_stop, force=job.force, extra_meta=extra
+            job.skill, examples, train_cfg, job.method, report, stop_or_yield, force=job.force, extra_meta=extra
         )
 
     return run
+
+
+def serving_busy(engine: Engine) -> bool:
+    stats = engine.stats()
+    return stats["running"] + stats["waiting"] > 0
 
 
 def make_router(
@@ -109,7 +127,7 @@ def build_components(
     pool.load_all()
     # the gate generates with this engine: a skill is judged by the engine that will serve it
     trainer = trainer or SkillTrainer(store, router, base, device=cfg.device, judge=EngineJudge(engine))
-    runner = make_runner(trainer, metrics) if cfg.run_trainer else None
+    runner = make_runner(trainer, metrics, lambda: serving_busy(engine)) if cfg.run_trainer else None
     count = lambda j: metrics.training_jobs.labels(j.status).inc()  # noqa: E731
     jobs: JobQueue
     if cfg.redis_url:

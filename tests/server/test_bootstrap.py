@@ -11,3 +11,37 @@ def test_server_router_embeds_on_the_server_device(tiny_base) -> None:  # type: 
     router = make_router(RouterSettings(), tiny_base, device="cpu:0")  # not the default spelling: it was passed on
     assert router.embedder.device == "cpu:0"  # type: ignore[attr-defined]
     assert router.route(["hello"])[0].reason == "no_skills"
+
+
+class _Steps:
+    """Stands in for SkillTrainer.run where only its calling pattern matters: the loop asks `should_stop`
+    before each optimizer step, exactly as TrainLoop.step does."""
+
+    def __init__(self, busy: object) -> None:
+        self.busy, self.steps_while_busy = busy, []  # type: ignore[var-annotated]
+
+    def run(self, skill, examples, cfg, method, report, should_stop, force, extra_meta):  # type: ignore[no-untyped-def]
+        for _ in range(3):
+            assert not should_stop()
+            self.steps_while_busy.append(self.busy.is_set())  # type: ignore[attr-defined]
+
+
+def test_an_in_process_trainer_yields_its_steps_to_serving_but_not_forever() -> None:
+    import threading
+
+    from skillpool.server.bootstrap import make_runner
+    from skillpool.server.metrics import Metrics
+    from skillpool.trainer.config import TrainConfig
+    from skillpool.trainer.jobs import Job
+
+    job = Job(id="job-1", skill="s", method="isolated", config={})
+    busy = threading.Event()
+    busy.set()
+    steps = _Steps(busy)
+    threading.Timer(0.3, busy.clear).start()  # serving goes idle a moment later
+    make_runner(steps, Metrics(), busy.is_set, max_yield_s=120)(job, [], TrainConfig(), print, lambda: False)  # type: ignore[arg-type]
+    assert steps.steps_while_busy == [False, False, False]  # no step ran while requests were being served
+    busy.set()  # serving never goes idle: each step waits at most max_yield_s, so training still ends
+    steps = _Steps(busy)
+    make_runner(steps, Metrics(), busy.is_set, max_yield_s=0.05)(job, [], TrainConfig(), print, lambda: False)  # type: ignore[arg-type]
+    assert steps.steps_while_busy == [True, True, True]
