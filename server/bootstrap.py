@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_base_model
 from skillpool.adapters_store.store import SkillRecord, SkillStore
@@ -46,8 +47,14 @@ def make_runner(
                 metrics.training_loss.labels(job.skill).set(p.loss)
             metrics.training_tokens_per_s.labels(job.skill).set(p.tokens_per_s)
 
+        # a retried job (its worker died after storing) finds the version it wrote: a version is written once
+        done = next((r for r in trainer.store.versions(job.skill) if r.meta.get("training_job") == job.id), None)
+        if done is not None:
+            return done
         alias = (job.fine_tuning or {}).get("fine_tuned_model")  # the OpenAI model id the skill answers to
-        extra = {"fine_tuned_model": alias, "fine_tuning_job": job.id} if alias else None
+        extra: dict[str, Any] = {"training_job": job.id}
+        if alias:
+            extra |= {"fine_tuned_model": alias, "fine_tuning_job": job.id}
         return trainer.run(
             job.skill, examples, train_cfg, job.method, report, stop_or_yield, force=job.force, extra_meta=extra
         )

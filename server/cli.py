@@ -171,6 +171,13 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     )
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--device", default=None)
+    p.add_argument(
+        "--lease-s",
+        type=float,
+        default=30.0,
+        help="a job whose worker is silent this long goes back to the queue (renewed every third of it)",
+    )
+    p.add_argument("--max-tries", type=int, default=3, help="starts of one job before it fails as lost")
     _router_arguments(p)
     p.add_argument("--log-level", default="info")
 
@@ -195,7 +202,13 @@ def _worker(args: argparse.Namespace) -> int:
     trainer = SkillTrainer(
         store, make_router(_router_settings(args), base, device=args.device), base, device=args.device, sync_router=True
     )
-    queue = RedisJobQueue(args.redis_url, make_runner(trainer, Metrics()), prefix=args.redis_prefix)
+    queue = RedisJobQueue(
+        args.redis_url,
+        make_runner(trainer, Metrics()),
+        prefix=args.redis_prefix,
+        lease_s=args.lease_s,
+        max_tries=args.max_tries,
+    )
     print(
         f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}",
         file=sys.stderr,

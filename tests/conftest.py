@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,16 @@ def wait_job(client, job_id: str, timeout: float = 300) -> dict:  # type: ignore
             return job
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def until(check: Callable[[], bool], timeout: float = 30) -> None:
+    """Wait until `check()` holds; fail after `timeout` seconds."""
+    import time
+
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, f"condition not met within {timeout} s"
+        time.sleep(0.1)
 
 
 def start_redis(folder: Path, port: int | None = None) -> tuple[Any, str]:

@@ -52,6 +52,7 @@ class Job:
     error_param: str | None = None  # the request field the failure is about (a bad file: training_file)
     fine_tuning: dict[str, Any] | None = None  # a job made by /v1/fine_tuning/jobs: its request and model id
     events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
+    tries: int = 0  # how many times a worker has started it (a Redis job whose worker died is retried)
 
     def __post_init__(self) -> None:  # a record read back from JSON holds the plain string
         self.status = JobStatus(self.status)

@@ -19,8 +19,12 @@ class RedisKeys:
         return f"{self.prefix}:job:{job_id}"
 
     def data(self, job_id: str) -> str:
-        """Examples + config, until a worker takes the job."""
+        """Examples + config, kept until the job ends (a retried job reads them again)."""
         return f"{self.prefix}:data:{job_id}"
+
+    def lease(self, job_id: str) -> str:
+        """The id of the worker running the job, with a TTL that worker's heartbeat renews."""
+        return f"{self.prefix}:lease:{job_id}"
 
     def cancel(self, job_id: str) -> str:
         """Set when a cancel is requested."""
@@ -37,11 +41,11 @@ class RedisKeys:
         return f"{self.prefix}:queue"
 
     @property
-    def active(self) -> str:
-        """Ids of queued or running jobs (so depth() does not read every record)."""
-        return f"{self.prefix}:active"
+    def processing(self) -> str:
+        """List of job ids a worker has claimed; one whose lease has expired goes back to the queue."""
+        return f"{self.prefix}:processing"
 
     @property
     def events(self) -> str:
-        """Pub/sub channel of skill events."""
+        """Stream of skill events; each server reads it from the last id it saw, so a reconnect loses none."""
         return f"{self.prefix}:events"

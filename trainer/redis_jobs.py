@@ -1,12 +1,20 @@
 """The Redis-backed job queue: servers enqueue, trainer workers on any machine pull, events fan out.
 
-Keys and the events channel live under a prefix (default "skillpool"); trainer/keys.py names them all.
-Workers and servers share the skill store (a volume or object storage mounted at the same data dir).
-When a worker stores a skill it publishes {"type": "skill_registered", "name", "version"}; every
-server loads that version from the store and starts routing to it. Retiring a skill or rolling it back
-publishes {"type": "skill_retired", "name"} or {"type": "skill_activated", "name", "version"} the same way.
-Pub/sub drops what is published while a subscriber is disconnected, so every `resync_s` the listener also
-hands on_event {"type": "resync"}: the server then serves exactly what the shared store says.
+Keys live under a prefix (default "skillpool"); trainer/keys.py names them all. Workers and servers share
+the skill store (a volume or object storage mounted at the same data dir).
+
+Jobs are delivered at least once (a reliable list, as in Redis' RPOPLPUSH pattern): a worker moves a job id
+from `queue` to `processing` and sets a lease in the same script, then renews the lease while it trains. A
+job whose lease expires (its worker was SIGKILLed, OOM-killed, cut off) goes back to the queue the next time
+any worker sweeps; each start counts as a try and a job that was started `max_tries` times fails with that
+reason. The job's data stays until the job ends, the queue depth is the two lists' lengths (nothing to leak),
+and a retried job first looks for a skill version its earlier try already wrote, so a version is written once.
+
+When a worker stores a skill it appends {"type": "skill_registered", "name", "version"} to the events
+stream; retiring a skill or rolling it back appends {"type": "skill_retired", "name"} or
+{"type": "skill_activated", "name", "version"}. Every server reads the stream from the last id it saw, so
+one that was disconnected gets what it missed when it is back; every `resync_s` the listener also hands
+on_event {"type": "resync"} (the stream is trimmed): the server then serves exactly what the store says.
 """
 
 from __future__ import annotations
@@ -14,8 +22,11 @@ from __future__ import annotations
 import builtins
 import json
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +41,33 @@ from .records import TERMINAL, Example, JobStatus
 
 log = logging.getLogger(__name__)
 
+EVENTS_MAXLEN = 10_000  # events kept in the stream (approximately); older ones are covered by the resync
+
+# KEYS: queue, processing; ARGV: lease key prefix, worker id, lease ms. Move the oldest job to processing and
+# lease it in one step, so no sweep can see it in processing without a lease.
+_CLAIM = """
+local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+if id then redis.call('SET', ARGV[1] .. id, ARGV[2], 'PX', ARGV[3]) end
+return id
+"""
+# KEYS: queue, processing; ARGV: lease key prefix. Requeue (at the front) every claimed job without a lease.
+_SWEEP = """
+local lost = {}
+for _, id in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+  if redis.call('EXISTS', ARGV[1] .. id) == 0 then
+    redis.call('LREM', KEYS[2], 1, id)
+    redis.call('LPUSH', KEYS[1], id)
+    table.insert(lost, id)
+  end
+end
+return lost
+"""
+# KEYS: lease; ARGV: worker id, lease ms. Renew only a lease this worker still holds.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
 
 class RedisJobQueue:
     def __init__(
@@ -41,23 +79,30 @@ class RedisJobQueue:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         prefix: str = DEFAULT_PREFIX,
         resync_s: float = 60.0,
+        lease_s: float = 30.0,
+        max_tries: int = 3,
     ) -> None:
-        """`runner` None: enqueue only (no worker here). `on_event`: called for every published event."""
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        """`runner` None: enqueue only (no worker here). `on_event`: called for every skill event.
+        `lease_s`: how long a silent worker keeps its job (it renews every third of that while alive)."""
+        if lease_s <= 0 or max_tries < 1:
+            raise ValueError("lease_s must be > 0 and max_tries >= 1")
+        # timeouts: a Redis that hangs (not refuses) must not hold a handler or the trainer thread for long
+        self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5)
         try:
             self.r.ping()
         except redis.RedisError as e:
             raise ConnectionError(f"cannot reach Redis at {url}: {e}") from e
         self.keys = RedisKeys(prefix)
         self.runner, self.on_success, self.on_finish, self.on_event = runner, on_success, on_finish, on_event
-        self.resync_s = resync_s
+        self.resync_s, self.lease_s, self.max_tries = resync_s, lease_s, max_tries
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._claim, self._sweep, self._renew = (self.r.register_script(x) for x in (_CLAIM, _SWEEP, _RENEW))
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         if runner is not None:
             self._threads.append(threading.Thread(target=self._work, name="skillpool-trainer", daemon=True))
         if on_event is not None:
-            self._pubsub = self.r.pubsub(ignore_subscribe_messages=True)
-            self._pubsub.subscribe(self.keys.events)
+            self._last_event = self._stream_tail()  # what happened before this server loaded the store is in it
             self._threads.append(threading.Thread(target=self._listen, name="skillpool-events", daemon=True))
         for t in self._threads:
             t.start()
@@ -76,7 +121,11 @@ class RedisJobQueue:
         return [Job.from_dict(json.loads(x)) for x in raws if x]
 
     def depth(self) -> int:
-        return int(self.r.scard(self.keys.active))
+        """Queued plus claimed jobs: both lists only ever hold jobs that have not ended."""
+        with self.r.pipeline(transaction=False) as pipe:
+            pipe.llen(self.keys.queue)
+            pipe.llen(self.keys.processing)
+            return sum(int(n) for n in pipe.execute())
 
     # --- API ----------------------------------------------------------------------------------
     def add(self, job: Job) -> Job:
@@ -98,7 +147,6 @@ class RedisJobQueue:
             pipe.zadd(self.keys.jobs, {job.id: job.created_at})
             pipe.set(self.keys.data(job.id), json.dumps({"examples": examples, "config": cfg.to_dict()}))
             pipe.rpush(self.keys.queue, job.id)
-            pipe.sadd(self.keys.active, job.id)
             pipe.execute()
         return job
 
@@ -110,24 +158,24 @@ class RedisJobQueue:
         if job.status == JobStatus.VALIDATING:  # not queued yet: its creator sees the cancel before queueing
             self._finish(job, JobStatus.CANCELLED, None)
         elif self.r.lrem(self.keys.queue, 0, job_id):  # still queued: no worker has it
-            self.r.delete(self.keys.data(job_id))
             self._finish(job, JobStatus.CANCELLED, None)
+        # claimed: its worker sees the cancel key (or, if that worker is gone, the next one does)
         return self.get(job_id)
 
     def publish(self, event: dict[str, Any]) -> None:
-        self.r.publish(self.keys.events, json.dumps(event))
+        self.r.xadd(self.keys.events, {"event": json.dumps(event)}, maxlen=EVENTS_MAXLEN, approximate=True)
 
     def close(self) -> None:
         self._closed.set()
-        if self.on_event is not None:
-            self._pubsub.close()
 
     # --- worker -------------------------------------------------------------------------------
     def _finish(self, job: Job, status: JobStatus, error: str | None, code: str | None = None) -> None:
+        """The terminal state and the end of everything the job held, in one transaction."""
         job.finish(status, error, code)
         with self.r.pipeline() as pipe:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
-            pipe.srem(self.keys.active, job.id)
+            pipe.lrem(self.keys.processing, 0, job.id)
+            pipe.delete(self.keys.data(job.id), self.keys.lease(job.id), self.keys.cancel(job.id))
             pipe.execute()
         if self.on_finish is not None:
             self.on_finish(job)
@@ -137,48 +185,107 @@ class RedisJobQueue:
             self.on_success(record)
         self.publish({"type": "skill_registered", "name": record.name, "version": record.version})
 
+    def sweep(self) -> builtins.list[str]:
+        """Requeue claimed jobs whose lease expired (their worker is gone); returns their ids."""
+        lost = [str(x) for x in self._sweep(keys=[self.keys.queue, self.keys.processing], args=[self._lease_prefix])]
+        for job_id in lost:
+            log.warning("job %s lost its worker (lease expired); requeued", job_id)
+        return lost
+
+    @property
+    def _lease_prefix(self) -> str:
+        return self.keys.lease("")
+
     def _work(self) -> None:
         assert self.runner is not None
+        next_sweep = 0.0
         while not self._closed.is_set():
             try:
-                item = self.r.blpop([self.keys.queue], timeout=1)
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.lease_s / 3
+                    self.sweep()
+                job_id = self._claim(
+                    keys=[self.keys.queue, self.keys.processing],
+                    args=[self._lease_prefix, self.worker_id, int(self.lease_s * 1000)],
+                )
             except redis.RedisError as e:
                 log.warning("job queue unreachable (%s); retrying", e)
-                time.sleep(2)
+                self._closed.wait(2)
                 continue
-            if item is None:
+            if job_id is None:
+                self._closed.wait(0.5)
                 continue
             try:
-                self._run(str(item[1]))
+                self._run(str(job_id))
             except redis.RedisError as e:  # never let the trainer thread die silently on a Redis error
-                log.warning("job queue unreachable while running job %s (%s); going on", item[1], e)
-                time.sleep(2)
+                log.warning("job queue unreachable while running job %s (%s); going on", job_id, e)
+                self._closed.wait(2)
 
     def _run(self, job_id: str) -> None:
-        """Take a popped job: its data, the running state, training (the data key goes once: at most once)."""
+        """Run a claimed job under its lease: renewed while training, checked before the job's end is written."""
         assert self.runner is not None
-        job, raw = self.get(job_id), self.r.getdel(self.keys.data(job_id))
-        if job is None or raw is None or job.status in TERMINAL:
+        job, raw = self.get(job_id), self.r.get(self.keys.data(job_id))
+        if job is None or job.status in TERMINAL:  # ended elsewhere (a cancel raced the claim): just let go
+            with self.r.pipeline() as pipe:
+                pipe.lrem(self.keys.processing, 0, job_id)
+                pipe.delete(self.keys.lease(job_id))
+                pipe.execute()
+            return
+        if raw is None:
+            self._finish(job, JobStatus.FAILED, "the job's data is missing from Redis", "job_data_lost")
+            return
+        if self.r.exists(self.keys.cancel(job_id)):
+            self._finish(job, JobStatus.CANCELLED, None)
+            return
+        job.tries += 1
+        if job.tries > self.max_tries:
+            self._finish(
+                job,
+                JobStatus.FAILED,
+                f"the job was started {self.max_tries} times and its worker stopped each time (killed or cut off)",
+                "max_tries_exceeded",
+            )
             return
         data = json.loads(raw)
+        retry = f" (try {job.tries} of {self.max_tries})" if job.tries > 1 else ""
         job.status, job.started_at = JobStatus.RUNNING, time.time()
-        job.log("Fine-tuning job started")
+        job.log(f"Fine-tuning job started{retry}")
         self._save(job)
+        lease = _Lease(self, job_id)
         cancel_key = self.keys.cancel(job_id)
 
-        def cancelled(key: str = cancel_key) -> bool:
-            return bool(self.r.exists(key))
+        def stop() -> bool:  # a lost lease stops training too: another worker has the job by now
+            return lease.lost.is_set() or bool(self.r.exists(cancel_key))
 
-        run_job(
-            job,
-            data["examples"],
-            TrainConfig.from_dict(data["config"]),
-            self.runner,
-            self._save,
-            self._finish,
-            self._succeeded,
-            cancelled,
-        )
+        def save(j: Job) -> None:
+            if not lease.lost.is_set():
+                self._save(j)
+
+        def finish(j: Job, status: JobStatus, error: str | None, code: str | None) -> None:
+            if lease.held():  # fenced: a worker that lost its lease writes no ending over the new try's work
+                self._finish(j, status, error, code)
+            else:
+                log.warning("job %s: lease lost; leaving its end to the worker that has it now", job_id)
+
+        with lease:
+            run_job(
+                job,
+                data["examples"],
+                TrainConfig.from_dict(data["config"]),
+                self.runner,
+                save,
+                finish,
+                self._succeeded,
+                stop,
+            )
+
+    # --- events -------------------------------------------------------------------------------
+    def _stream_tail(self) -> str:
+        try:
+            last = self.r.xrevrange(self.keys.events, count=1)
+        except redis.RedisError:
+            return "0-0"  # Redis is down now: read from the start when it is back (the handlers are idempotent)
+        return str(last[0][0]) if last else "0-0"
 
     def _listen(self) -> None:
         assert self.on_event is not None
@@ -191,14 +298,47 @@ class RedisJobQueue:
                 except Exception:
                     log.exception("resync with the skill store failed")
             try:
-                msg = self._pubsub.get_message(timeout=1.0)
-            except (redis.RedisError, ValueError, AttributeError):
-                if self._closed.is_set():
-                    return
-                time.sleep(1)
+                reply: Any = self.r.xread({self.keys.events: self._last_event}, count=100, block=1000)
+            except redis.RedisError:
+                self._closed.wait(1)  # the next read starts from the last id seen: nothing is lost meanwhile
                 continue
-            if msg and msg.get("type") == "message":
-                try:
-                    self.on_event(json.loads(msg["data"]))
-                except Exception:
-                    log.exception("event handler failed for %s", msg.get("data"))
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    self._last_event = str(entry_id)
+                    try:
+                        self.on_event(json.loads(fields["event"]))
+                    except Exception:
+                        log.exception("event handler failed for %s", fields)
+
+
+class _Lease:
+    """Renews a claimed job's lease every third of its TTL while the job runs; `lost` is set once it cannot."""
+
+    def __init__(self, q: RedisJobQueue, job_id: str) -> None:
+        self.q, self.key = q, q.keys.lease(job_id)
+        self.lost, self._done = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"skillpool-lease-{job_id}", daemon=True)
+
+    def __enter__(self) -> _Lease:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def held(self) -> bool:
+        try:
+            return not self.lost.is_set() and self.q.r.get(self.key) == self.q.worker_id
+        except redis.RedisError:
+            return False
+
+    def _beat(self) -> None:
+        ms = int(self.q.lease_s * 1000)
+        while not self._done.wait(self.q.lease_s / 3):
+            try:
+                if not self.q._renew(keys=[self.key], args=[self.q.worker_id, ms]):
+                    self.lost.set()
+                    return
+            except redis.RedisError as e:  # a short outage is survivable: the lease outlives a few beats
+                log.warning("cannot renew lease %s (%s)", self.key, e)

@@ -3,9 +3,7 @@ retire and rollback on either reach the other without a restart."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import replace
 
 from fastapi.testclient import TestClient
@@ -14,14 +12,7 @@ from openai import OpenAI
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from tests.conftest import dataset_dir
-
-
-def until(check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.time() + timeout
-    while not check():
-        assert time.time() < deadline, "the event did not reach the other server"
-        time.sleep(0.1)
+from tests.conftest import dataset_dir, until
 
 
 def test_retire_and_rollback_reach_every_server(redis_url, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -61,7 +52,7 @@ def test_retire_and_rollback_reach_every_server(redis_url, tiny_base, embedder, 
 
 
 def test_the_event_listener_resyncs_periodically(redis_url) -> None:  # type: ignore[no-untyped-def]
-    """Pub/sub loses what is published while a server is disconnected: the listener asks for a resync."""
+    """The stream is trimmed, so the listener also asks for a periodic resync with the store."""
     from skillpool.trainer.redis_jobs import RedisJobQueue
 
     seen: list[dict[str, object]] = []

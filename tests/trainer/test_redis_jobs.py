@@ -4,13 +4,11 @@ trains into the shared store, and the skill_registered event that makes the serv
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from dataclasses import replace
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from skillpool.adapters_store.store import SkillStore
@@ -23,30 +21,19 @@ from skillpool.trainer.redis_jobs import RedisJobQueue
 from skillpool.trainer.worker import SkillTrainer
 from tests.conftest import dataset_dir, wait_job
 
-URL = os.environ.get("SKILLPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+@pytest.fixture
+def prefix() -> str:
+    return f"skillpool-test-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(scope="module")
-def prefix():  # type: ignore[no-untyped-def]
-    try:
-        redis.Redis.from_url(URL).ping()
-    except redis.RedisError as e:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"no Redis at {URL} ({e}); set SKILLPOOL_TEST_REDIS_URL")
-    p = f"skillpool-test-{uuid.uuid4().hex[:8]}"
-    yield p
-    r = redis.Redis.from_url(URL)
-    keys = list(r.scan_iter(f"{p}:*"))
-    if keys:
-        r.delete(*keys)
-
-
-def test_worker_elsewhere_trains_and_every_server_serves(prefix, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cfg = ServerConfig(data_dir=tmp_path, redis_url=URL, redis_prefix=prefix, run_trainer=False, default_max_tokens=4)
+def test_worker_elsewhere_trains_and_every_server_serves(redis_url, prefix, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cfg = ServerConfig(
+        data_dir=tmp_path, redis_url=redis_url, redis_prefix=prefix, run_trainer=False, default_max_tokens=4
+    )
     server = build_components(cfg, base=tiny_base, embedder=embedder)
     trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder), tiny_base)
-    worker = RedisJobQueue(URL, make_runner(trainer, Metrics()), prefix=prefix)
+    worker = RedisJobQueue(redis_url, make_runner(trainer, Metrics()), prefix=prefix)
     lines = (dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()
     try:
         with TestClient(create_app(server)) as client:

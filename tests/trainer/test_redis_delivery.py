@@ -1,0 +1,169 @@
+"""At-least-once delivery on a real Redis: a claimed job whose worker went silent is run by another worker,
+a job started too often fails with the reason, nothing the job held outlives it, and skill events published
+while a server could not read reach it afterwards."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from skillpool.adapters_store.store import SkillRecord
+from skillpool.trainer.config import TrainConfig
+from skillpool.trainer.jobs import Job, new_job_id
+from skillpool.trainer.records import TERMINAL, JobStatus
+from skillpool.trainer.redis_jobs import _CLAIM, RedisJobQueue
+from tests.conftest import until
+
+
+def _job() -> Job:
+    return Job(id=new_job_id(), skill="s", method="isolated", config={})
+
+
+def _record(job: Job) -> SkillRecord:
+    return SkillRecord(name=job.skill, version=1, path=Path("/nonexistent"), meta={"training_job": job.id})
+
+
+def _claim_and_die(r: redis.Redis, q: RedisJobQueue, ttl_ms: int) -> str:
+    """What a worker does before it is SIGKILLed: claim the oldest job under a lease it never renews."""
+    job_id = r.register_script(_CLAIM)(
+        keys=[q.keys.queue, q.keys.processing], args=[q.keys.lease(""), "dead-worker", ttl_ms]
+    )
+    assert job_id is not None
+    return str(job_id)
+
+
+def test_a_job_whose_worker_went_silent_is_run_by_another(redis_url: str) -> None:
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    enqueuer = RedisJobQueue(redis_url, None, prefix=prefix)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    job = enqueuer.submit(enqueuer.add(_job()), [], TrainConfig())
+    assert _claim_and_die(r, enqueuer, ttl_ms=300) == job.id
+    assert enqueuer.depth() == 1  # claimed jobs count: the depth cannot lose them
+
+    runs: list[str] = []
+
+    def runner(j: Job, *_: Any) -> SkillRecord:
+        runs.append(j.id)
+        return _record(j)
+
+    worker = RedisJobQueue(redis_url, runner, prefix=prefix, lease_s=0.6)
+    try:
+        until(lambda: (enqueuer.get(job.id) or job).status in TERMINAL, timeout=20)
+        done = enqueuer.get(job.id)
+        assert done is not None and done.status == JobStatus.SUCCEEDED, done
+        assert runs == [job.id] and done.tries == 1
+        # everything the job held ended with it: data, lease, its place in the lists
+        assert enqueuer.depth() == 0
+        assert not r.exists(enqueuer.keys.data(job.id), enqueuer.keys.lease(job.id))
+    finally:
+        worker.close()
+        enqueuer.close()
+
+
+def test_a_job_started_max_tries_times_fails_with_the_reason(redis_url: str) -> None:
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    enqueuer = RedisJobQueue(redis_url, None, prefix=prefix)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    job = enqueuer.submit(enqueuer.add(_job()), [], TrainConfig())
+    job.tries = 2  # two earlier workers started it and died
+    enqueuer.update(job)
+    _claim_and_die(r, enqueuer, ttl_ms=200)
+    runs: list[str] = []
+
+    def runner(j: Job, *_: Any) -> SkillRecord:
+        runs.append(j.id)
+        return _record(j)
+
+    worker = RedisJobQueue(redis_url, runner, prefix=prefix, lease_s=0.6, max_tries=2)
+    try:
+        until(lambda: (enqueuer.get(job.id) or job).status in TERMINAL, timeout=20)
+        done = enqueuer.get(job.id)
+        assert done is not None and done.status == JobStatus.FAILED and done.error_code == "max_tries_exceeded"
+        assert "started 2 times" in (done.error or "") and runs == []
+        assert enqueuer.depth() == 0 and not r.exists(enqueuer.keys.data(job.id))
+    finally:
+        worker.close()
+        enqueuer.close()
+
+
+def test_a_worker_keeps_its_lease_while_it_trains(redis_url: str) -> None:
+    """A job longer than the lease is not taken from a live worker: its heartbeat renews the lease."""
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    release = threading.Event()
+    runs: list[str] = []
+
+    def slow(j: Job, *_: Any) -> SkillRecord:
+        runs.append(j.id)
+        release.wait(10)
+        return _record(j)
+
+    a = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=0.5)
+    b = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=0.5)
+    try:
+        job = a.submit(a.add(_job()), [], TrainConfig())
+        until(lambda: len(runs) == 1, timeout=10)
+        time.sleep(2.0)  # four lease lengths: both workers swept several times meanwhile
+        assert runs == [job.id]
+        release.set()
+        until(lambda: (a.get(job.id) or job).status in TERMINAL, timeout=10)
+        done = a.get(job.id)
+        assert done is not None and done.status == JobStatus.SUCCEEDED and done.tries == 1
+    finally:
+        release.set()
+        a.close()
+        b.close()
+
+
+def test_cancelling_a_job_whose_worker_died_ends_it(redis_url: str) -> None:
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    q = RedisJobQueue(redis_url, None, prefix=prefix)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    job = q.submit(q.add(_job()), [], TrainConfig())
+    _claim_and_die(r, q, ttl_ms=200)
+    job.status = JobStatus.RUNNING
+    q.update(job)
+    assert q.cancel(job.id).status == JobStatus.RUNNING  # type: ignore[union-attr]  # its worker should see it
+    worker = RedisJobQueue(redis_url, lambda *_: (_ for _ in ()).throw(AssertionError("ran")), prefix=prefix)
+    try:
+        until(lambda: (q.get(job.id) or job).status in TERMINAL, timeout=20)
+        assert q.get(job.id).status == JobStatus.CANCELLED  # type: ignore[union-attr]
+        assert q.depth() == 0 and not r.exists(q.keys.cancel(job.id), q.keys.data(job.id))
+    finally:
+        worker.close()
+        q.close()
+
+
+def test_skill_events_published_while_a_server_cannot_read_reach_it_later(redis_url: str) -> None:
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    seen: list[dict[str, Any]] = []
+    server = RedisJobQueue(redis_url, None, on_event=seen.append, prefix=prefix, resync_s=3600)
+    other = RedisJobQueue(redis_url, None, prefix=prefix)
+    real_xread = server.r.xread
+    cut = threading.Event()
+
+    def xread(*a: Any, **kw: Any) -> Any:  # this server's connection is down; Redis and the others are not
+        if cut.is_set():
+            raise redis.ConnectionError("connection lost")
+        return real_xread(*a, **kw)
+
+    server.r.xread = xread  # type: ignore[method-assign]
+    try:
+        other.publish({"type": "skill_registered", "name": "a", "version": 1})
+        until(lambda: len(seen) == 1, timeout=10)
+        cut.set()
+        time.sleep(1.5)  # the listener is failing now
+        other.publish({"type": "skill_retired", "name": "a"})
+        other.publish({"type": "skill_activated", "name": "b", "version": 2})
+        time.sleep(1.5)
+        assert len(seen) == 1
+        cut.clear()
+        until(lambda: len(seen) == 3, timeout=10)
+        assert [e["type"] for e in seen] == ["skill_registered", "skill_retired", "skill_activated"]
+    finally:
+        server.close()
+        other.close()
