@@ -23,7 +23,15 @@ from skillpool.trainer.datasets import route_text
 
 from .engines import EngineBusy, EngineEvent, EngineRequest, SamplingParams
 from .errors import APIError
-from .openai_api import ChatParams, chat_chunk, chat_completion, completion_id, parse_chat_request, route_field
+from .openai_api import (
+    CHAT_REQUEST_SCHEMA,
+    ChatParams,
+    chat_chunk,
+    chat_completion,
+    completion_id,
+    parse_chat_request,
+    route_field,
+)
 from .routing import Target
 
 if TYPE_CHECKING:
@@ -109,7 +117,12 @@ async def _first_event(request: Request, events: AsyncIterator[EngineEvent]) -> 
 def install_chat(app: FastAPI, c: Components) -> None:
     m = c.metrics
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"application/json": {"schema": CHAT_REQUEST_SCHEMA}}}
+        },
+    )
     async def chat(request: Request) -> Response:
         t0 = time.perf_counter()
         try:

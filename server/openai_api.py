@@ -35,6 +35,51 @@ _UNSUPPORTED = {
 }
 
 
+MAX_STOP_CHARS = 256  # per stop string: each is searched for in the decoded tail after every token
+
+# The request body as OpenAPI documents it (what parse_chat_request accepts; it also rejects the unsupported
+# OpenAI fields by name). Declared so that /docs shows it and the schema fuzz test sends real bodies.
+CHAT_REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "description": "'auto' routes; a skill name or the base id pins"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role", "content"],
+                "properties": {
+                    "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+                    "content": {"type": "string"},
+                },
+            },
+        },
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+        "stop": {
+            "anyOf": [
+                {"type": "string", "maxLength": MAX_STOP_CHARS},
+                {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": MAX_STOP_CHARS}},
+            ]
+        },
+        "stream": {"type": "boolean"},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "n": {"type": "integer", "enum": [1]},
+        "metadata": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "maxLength": 512},
+            "maxProperties": 16,
+        },
+        "ignore_eos": {"type": "boolean"},
+    },
+}
+
+
 @dataclass(frozen=True)
 class ChatParams:
     model: str
@@ -148,6 +193,8 @@ def parse_chat_request(body: Any) -> ChatParams:
         stops = list(stop)
     else:
         raise APIError(400, "stop must be a string or a list of at most 4 strings", "stop", "invalid_value")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise APIError(400, f"each stop string must be at most {MAX_STOP_CHARS} characters", "stop", "invalid_value")
     stops = [s for s in stops if s]
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed <= SEED_MAX):

@@ -124,6 +124,7 @@ def test_streaming_shape(client: TestClient) -> None:
         ),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "unsupported_parameter"),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400, "stop", None),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": ["x" * 257]}, 400, "stop", None),
         (
             {"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
             400,
