@@ -1,0 +1,80 @@
+"""Locust load test as users run one: chat through the OpenAI API (routed, pinned, streamed) and a trickle of
+skill uploads, against a running server.
+
+    locust -f load_tests/locustfile.py --host http://127.0.0.1:8000 --headless -u 8 -r 2 -t 60s
+
+Prompts and uploads come from ../shared/datasets (SKILLPOOL_DATASETS overrides the folder). Uploads use a
+fresh skill name each time (`load-<n>`) with one epoch, so they exercise the queue without piling up work;
+the server answers 202, or 429 when its job queue is full (counted as a success: that is the contract).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from pathlib import Path
+
+from locust import HttpUser, between, task
+
+DATASETS = Path(
+    os.environ.get("SKILLPOOL_DATASETS", Path(__file__).resolve().parents[1].parent / "shared" / "datasets")
+)
+TASKS = ["sst-2", "agnews", "yelp", "boolqa"]
+
+
+def _rows(name: str, n: int = 50) -> list[dict[str, str]]:
+    lines = (DATASETS / "long_sequence" / name / "test.jsonl").read_text().splitlines()[:n]
+    return [json.loads(x) for x in lines]
+
+
+# cut to 1000 characters: long reviews would pass a small test model's 512-token context
+PROMPTS = [f"{r['instruction']}\n{r['input']}"[:1000] for name in TASKS for r in _rows(name)]
+UPLOAD = b"\n".join((DATASETS / "long_sequence" / "sst-2" / "train.jsonl").read_bytes().splitlines()[:30])
+
+
+class ChatUser(HttpUser):
+    wait_time = between(0.1, 0.5)
+
+    @task(10)
+    def routed(self) -> None:
+        body = {"model": "auto", "messages": [{"role": "user", "content": random.choice(PROMPTS)}], "max_tokens": 4}
+        self.client.post("/v1/chat/completions", json=body, name="chat auto")
+
+    @task(3)
+    def streamed(self) -> None:
+        body = {
+            "model": "auto",
+            "messages": [{"role": "user", "content": random.choice(PROMPTS)}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+        with self.client.post(
+            "/v1/chat/completions", json=body, name="chat stream", stream=True, catch_response=True
+        ) as r:
+            text = r.text
+            if r.status_code != 200 or not text.rstrip().endswith("data: [DONE]"):
+                r.failure(f"stream did not end with [DONE]: {r.status_code} {text[-200:]!r}")
+
+    @task(2)
+    def models(self) -> None:
+        self.client.get("/v1/models", name="models")
+
+
+class Uploader(HttpUser):
+    """One user that uploads a small dataset every 5-10 s while the chat users run."""
+
+    fixed_count = 1
+    wait_time = between(5, 10)
+
+    @task
+    def upload(self) -> None:
+        data = {"name": f"load-{uuid.uuid4().hex[:8]}", "config": json.dumps({"epochs": 1}), "force": "true"}
+        with self.client.post(
+            "/tasks", files={"file": ("load.jsonl", UPLOAD)}, data=data, name="upload", catch_response=True
+        ) as r:
+            if r.status_code in (202, 429):
+                r.success()
+            else:
+                r.failure(f"{r.status_code} {r.text[:200]}")
