@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -52,7 +53,7 @@ def install_health(app: FastAPI, c: Components) -> None:
     async def metrics() -> Response:
         # gauges that are cheaper to read when scraped than to keep current
         try:
-            m.training_queue.set(c.jobs.depth())
+            m.training_queue.set(await asyncio.to_thread(c.jobs.depth))
         except Exception as e:  # the job queue (Redis) may be down: every other series still matters
             log.warning("/metrics: job queue depth unavailable: %s", e)
         stats = c.engine.stats()

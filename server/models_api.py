@@ -8,6 +8,7 @@ down reads the same state when it starts.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
@@ -128,7 +129,7 @@ async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
     _require_admin(request, c, "deleting a model")
     c.store.retire(name)
     c.pool.unregister(name)
-    c.jobs.publish({"type": "skill_retired", "name": name})
+    await asyncio.to_thread(c.jobs.publish, {"type": "skill_retired", "name": name})
     return {"id": model_id, "object": "model", "deleted": True}
 
 
@@ -146,5 +147,5 @@ async def rollback_model(request: Request, model_id: str, body: Rollback | None 
     except KeyError:
         raise APIError(404, f"'{model_id}' has no version {version}", "version", "version_not_found") from None
     c.pool.register(rec)
-    c.jobs.publish({"type": "skill_activated", "name": name, "version": rec.version})
+    await asyncio.to_thread(c.jobs.publish, {"type": "skill_activated", "name": name, "version": rec.version})
     return {**_skill_object(c, rec), **_versions(c, name)}

@@ -81,10 +81,9 @@ def install_tasks(app: FastAPI, c: Components) -> None:
                 "invalid_dataset",
                 errors=[{"line": x.line, "field": x.field, "message": x.message} for x in e.errors],
             ) from None
-        if c.jobs.depth() >= c.cfg.max_pending_jobs:
-            raise APIError(
-                429, f"{c.jobs.depth()} training jobs are already pending; retry later", None, "too_many_jobs"
-            )
+        # the queue calls go to a thread: a slow Redis must not stall the event loop (and every chat stream)
+        if (pending := await asyncio.to_thread(c.jobs.depth)) >= c.cfg.max_pending_jobs:
+            raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
         job = Job(
             id=new_job_id(),
             skill=name,
@@ -95,11 +94,11 @@ def install_tasks(app: FastAPI, c: Components) -> None:
             force=force,
         )
         job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
-        c.jobs.submit(job, examples, cfg)
+        await asyncio.to_thread(c.jobs.submit, job, examples, cfg)
         return JSONResponse(job.to_dict(), status_code=202)
 
     @app.get("/tasks")
-    async def list_tasks() -> dict[str, Any]:
+    def list_tasks() -> dict[str, Any]:
         return {"object": "list", "data": [j.to_dict() for j in c.jobs.list()]}
 
     def _job(job_id: str) -> Job:
@@ -109,11 +108,11 @@ def install_tasks(app: FastAPI, c: Components) -> None:
         return job
 
     @app.get("/tasks/{job_id}")
-    async def get_task(job_id: str) -> dict[str, Any]:
+    def get_task(job_id: str) -> dict[str, Any]:
         return _job(job_id).to_dict()
 
     @app.delete("/tasks/{job_id}")
-    async def cancel_task(job_id: str) -> dict[str, Any]:
+    def cancel_task(job_id: str) -> dict[str, Any]:
         job = _job(job_id)
         if job.status in TERMINAL:
             raise APIError(409, f"task {job_id} already {job.status}", "id", "task_finished")

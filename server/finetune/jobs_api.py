@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ..app import Components
 
 api = APIRouter(prefix="/v1/fine_tuning/jobs")
+# The handlers are plain functions: FastAPI runs them in its threadpool, so a slow job queue (Redis) never
+# stalls the event loop that streams chat.
 
 
 def _components(request: Request) -> Components:
@@ -33,7 +35,7 @@ def _job(c: Components, job_id: str) -> Job:
 
 
 @api.post("")
-async def create(request: Request, body: FineTuningJobCreate, background: BackgroundTasks) -> dict[str, Any]:
+def create(request: Request, body: FineTuningJobCreate, background: BackgroundTasks) -> dict[str, Any]:
     c = _components(request)
     job, cfg = create_job(c, body, is_admin(request.headers, c.cfg.admin_key))
     background.add_task(validate_and_queue, c, job.id, cfg)  # a sync task: Starlette runs it in a thread
@@ -41,7 +43,7 @@ async def create(request: Request, body: FineTuningJobCreate, background: Backgr
 
 
 @api.get("")
-async def list_jobs(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
+def list_jobs(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
     c = _components(request)
     # the openai client sends metadata={"k": "v"} as metadata[k]=v; a job must carry every pair
     wanted = {k[len("metadata[") : -1]: v for k, v in request.query_params.items() if k.startswith("metadata[")}
@@ -51,13 +53,13 @@ async def list_jobs(request: Request, after: str | None = None, limit: int = Que
 
 
 @api.get("/{job_id}")
-async def retrieve(request: Request, job_id: str) -> dict[str, Any]:
+def retrieve(request: Request, job_id: str) -> dict[str, Any]:
     c = _components(request)
     return to_openai(_job(c, job_id), c.base.model_id).model_dump()
 
 
 @api.post("/{job_id}/cancel")
-async def cancel(request: Request, job_id: str) -> dict[str, Any]:
+def cancel(request: Request, job_id: str) -> dict[str, Any]:
     c = _components(request)
     job = _job(c, job_id)
     if job.status in TERMINAL:
@@ -66,14 +68,14 @@ async def cancel(request: Request, job_id: str) -> dict[str, Any]:
 
 
 @api.get("/{job_id}/events")
-async def list_events(
+def list_events(
     request: Request, job_id: str, after: str | None = None, limit: int = Query(20, ge=1, le=1000)
 ) -> dict[str, Any]:
     return page(events(_job(_components(request), job_id)), after, limit)
 
 
 @api.get("/{job_id}/checkpoints")
-async def list_checkpoints(
+def list_checkpoints(
     request: Request, job_id: str, after: str | None = None, limit: int = Query(10, ge=1, le=100)
 ) -> dict[str, Any]:
     return page(checkpoints(_job(_components(request), job_id)), after, limit)

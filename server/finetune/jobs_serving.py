@@ -138,8 +138,8 @@ def create_job(c: Components, req: FineTuningJobCreate, admin: bool) -> tuple[Jo
     metadata = dict(req.metadata or {})
     method, force, extra = _settings(c, metadata, admin)
     cfg = train_config(req, extra)
-    if c.jobs.depth() >= c.cfg.max_pending_jobs:
-        raise APIError(429, f"{c.jobs.depth()} training jobs are already pending; retry later", None, "too_many_jobs")
+    if (pending := c.jobs.depth()) >= c.cfg.max_pending_jobs:
+        raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
     job_id = new_job_id()
     short = job_id[-8:]
     skill = f"{req.suffix or 'ft'}-{short}"
