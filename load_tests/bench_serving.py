@@ -190,6 +190,9 @@ def main() -> int:
     ap.add_argument("--big-pool", type=int, default=1000, help="0 skips the big-pool scenario")
     ap.add_argument("--max-loaded-skills", type=int, default=16, help="for the big pool")
     ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="interleaved base/mixes rounds with prefix caching off (hf engine)"
+    )
     ap.add_argument("--slo-ttft", type=float, default=4.0, help="goodput: TTFT bound (s)")
     ap.add_argument("--slo-itl", type=float, default=0.5, help="goodput: inter-token latency bound (s)")
     args = ap.parse_args()
@@ -276,21 +279,34 @@ def main() -> int:
         if engine == "hf":
             # Mixes cannot reuse the base model's prompt KV (a LoRA on k/v changes it), and all-different mixes
             # share none among themselves: compare them with the base model like for like too, prefix caching off.
+            # Interleaved rounds (base, mixes, mixes, base, ...) after a discarded full-concurrency warm-up: a
+            # machine that drifts during the run (another process, thermal state) then moves both sides alike.
             with ServerProcess(root / "small", [*flags, "--prefix-cache-tokens", "0"]) as srv:
                 client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
                 load = Load(client, args.max_tokens)
-                load.one(base_id, prompts[-1])
-                for name, model in (("base", lambda i: base_id), ("k=3 mixes all different", lambda i: mix_models[i])):
+                sides = {"base": lambda i: base_id, "k=3 mixes all different": lambda i: mix_models[i]}
+
+                def closed_round(model: Any) -> tuple[list[dict[str, float]], float]:
+                    return load.closed(
+                        args.clients,
+                        args.per_client,
+                        lambda c, j: (
+                            model(c * args.per_client + j),
+                            prompts[(c * args.per_client + j) % len(prompts)],
+                        ),
+                    )
+
+                closed_round(sides["k=3 mixes all different"])  # warm-up, not recorded
+                rounds: dict[str, list[tuple[list[dict[str, float]], float]]] = {name: [] for name in sides}
+                for r in range(args.rounds):
+                    order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+                    for name in order:
+                        rounds[name].append(closed_round(sides[name]))
+                        record(f"{name}, round {r + 1}, no prefix cache", rounds[name][-1])
+                for name, parts in rounds.items():  # all rounds as one sample: tokens over summed wall time
                     record(
                         f"{name}, {args.clients} clients, no prefix cache",
-                        load.closed(
-                            args.clients,
-                            args.per_client,
-                            lambda c, j, model=model: (
-                                model(c * args.per_client + j),
-                                prompts[(c * args.per_client + j) % len(prompts)],
-                            ),
-                        ),
+                        ([x for res, _ in parts for x in res], sum(wall for _, wall in parts)),
                     )
         if args.big_pool:
             if not big_names:  # written once, served by every engine
@@ -334,9 +350,15 @@ def main() -> int:
         plain = results.get(f"base, {args.clients} clients, no prefix cache")
         plain_mixes = results.get(f"k=3 mixes all different, {args.clients} clients, no prefix cache")
         if plain and plain_mixes:
+            per_round = [
+                results[f"k=3 mixes all different, round {r + 1}, no prefix cache"]["tok_s"]
+                / results[f"base, round {r + 1}, no prefix cache"]["tok_s"]
+                for r in range(args.rounds)
+            ]
             print(
-                f"    with prefix caching off on both: {plain_mixes['tok_s'] / plain['tok_s']:.2f}x "
-                "(the base rows above reuse shared prompt starts; all-different mixes cannot)"
+                f"    with prefix caching off on both, {args.rounds} interleaved rounds: "
+                f"{plain_mixes['tok_s'] / plain['tok_s']:.2f}x (per round: {', '.join(f'{x:.2f}x' for x in per_round)}; "
+                "the base rows above reuse shared prompt starts, all-different mixes cannot)"
             )
         if args.big_pool:
             small, bigr = (

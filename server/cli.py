@@ -22,6 +22,28 @@ from .config import ServerConfig
 from .engines import ENGINES
 
 
+def _threads_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ["SKILLPOOL_THREADS"]) if os.environ.get("SKILLPOOL_THREADS") else None,
+        help="CPU threads for torch (env SKILLPOOL_THREADS; default: every core). When a server and a worker share "
+        "a machine, give each its own share (e.g. 1 and 1 on 2 cores): two full thread pools on the same cores "
+        "slow serving by more than 10x",
+    )
+
+
+def _set_threads(n: int | None) -> None:
+    if n is None:
+        return
+    if n < 1:
+        raise SystemExit("--threads must be at least 1")
+    import torch
+
+    torch.set_num_threads(n)
+    torch.set_num_interop_threads(max(1, min(n, 2)))
+
+
 def _router_arguments(p: argparse.ArgumentParser) -> None:
     r = RouterSettings()
     p.add_argument(
@@ -104,6 +126,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
         "(env SKILLPOOL_ADMIN_KEY; default: any caller the API key admits)",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    _threads_argument(p)
     p.add_argument("--engine", choices=ENGINES, default=d.engine, help="the engine that generates")
     p.add_argument(
         "--batch-window-ms",
@@ -178,6 +201,7 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
         help="a job whose worker is silent this long goes back to the queue (renewed every third of it)",
     )
     p.add_argument("--max-tries", type=int, default=3, help="starts of one job before it fails as lost")
+    _threads_argument(p)
     _router_arguments(p)
     p.add_argument("--log-level", default="info")
 
@@ -196,6 +220,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _set_threads(args.threads)
     base = resolve_base_model(args.model)
     store = SkillStore(args.data_dir)
     # the worker's router only prepares keys; it re-reads the shared store before each sapt job
@@ -232,6 +257,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _set_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = ServerConfig(
         data_dir=args.data_dir,

@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default=None, help="isolated | sapt | kif (default: the server's)")
     p.add_argument("--config", default="{}", help="training hyperparameters (JSON)")
     p.add_argument("--force", action="store_true", help="register even if the quality gate fails")
+    p.add_argument("--new-version", action="store_true", help="train a new version of a skill that exists")
     p.add_argument("--api-key", default=None)
     p.add_argument("--no-wait", action="store_true", help="print the job and return at once")
 
@@ -54,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    data = {"name": args.name, "config": args.config, "force": str(args.force).lower()}
+    data = {
+        "name": args.name,
+        "config": args.config,
+        "force": str(args.force).lower(),
+        "new_version": str(args.new_version).lower(),
+    }
     if args.method:
         data["method"] = args.method
     r = httpx.post(

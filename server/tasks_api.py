@@ -51,12 +51,20 @@ def install_tasks(app: FastAPI, c: Components) -> None:
         method = form.get("method") or DEFAULT_METHOD
         if not isinstance(method, str) or (problem := method_error(method, c.router.settings.mode)):
             raise APIError(400, problem or "method must be a string", "method", "invalid_method")
-        force_raw = form.get("force") or "false"
-        if not isinstance(force_raw, str) or force_raw.lower() not in ("true", "false", "1", "0"):
-            raise APIError(400, f"force must be true or false, got {force_raw!r}", "force", "invalid_force")
-        force = force_raw.lower() in ("true", "1")
+        force = _flag(form.get("force"), "force")
         if force and not is_admin(request.headers, c.cfg.admin_key):  # as metadata.force on /v1/fine_tuning/jobs
             raise APIError(403, "force (register past the quality gate) is for the admin", "force", "permission_denied")
+        new_version = _flag(form.get("new_version"), "new_version")
+        # a name that exists gets a new version only when asked: never overwrite someone's skill by accident
+        existing = await asyncio.to_thread(c.store.versions, name)
+        if existing and not new_version:
+            raise APIError(
+                409,
+                f"skill {name!r} exists (version {existing[-1].version}); send new_version=true to train version "
+                f"{existing[-1].version + 1}, or choose another name",
+                "name",
+                "skill_exists",
+            )
         raw_cfg = form.get("config")
         try:
             cfg_obj = json.loads(raw_cfg) if isinstance(raw_cfg, str) and raw_cfg.strip() else {}
@@ -94,6 +102,8 @@ def install_tasks(app: FastAPI, c: Components) -> None:
             force=force,
         )
         job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
+        if existing:
+            job.log(f"Skill {name} exists: this job trains version {existing[-1].version + 1} or later")
         await asyncio.to_thread(c.jobs.submit, job, examples, cfg)
         return JSONResponse(job.to_dict(), status_code=202)
 
@@ -117,3 +127,11 @@ def install_tasks(app: FastAPI, c: Components) -> None:
         if job.status in TERMINAL:
             raise APIError(409, f"task {job_id} already {job.status}", "id", "task_finished")
         return (c.jobs.cancel(job_id) or job).to_dict()
+
+
+def _flag(raw: object, field: str) -> bool:
+    """A multipart boolean: true/false/1/0, absent is false."""
+    value = raw or "false"
+    if not isinstance(value, str) or value.lower() not in ("true", "false", "1", "0"):
+        raise APIError(400, f"{field} must be true or false, got {value!r}", field, f"invalid_{field}")
+    return value.lower() in ("true", "1")

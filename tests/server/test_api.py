@@ -279,6 +279,27 @@ def test_upload_trains_and_hot_registers_a_skill(client: TestClient, components)
     assert 'skillpool_routing_accuracy{skill="sst-2"} 1.0' in metrics  # its 4 held-out probes route to it
 
 
+def test_an_existing_skill_gets_a_new_version_only_when_asked(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
+    """Runs after the upload test registered sst-2 v1: the same name again is a 409 that says how."""
+    assert components.store.get("sst-2") is not None
+    again = {"file": ("s.jsonl", sst2_lines(12))}
+    r = client.post("/tasks", files=again, data={"name": "sst-2", "config": FAST})
+    assert_error(r, 409, "name", "skill_exists")
+    assert "new_version=true" in r.json()["error"]["message"]
+    assert_error(
+        client.post("/tasks", files=again, data={"name": "sst-2", "new_version": "perhaps"}),
+        400,
+        "new_version",
+        "invalid_new_version",
+    )
+    ok = client.post(
+        "/tasks", files=again, data={"name": "sst-2", "config": FAST, "new_version": "true", "force": "true"}
+    )
+    assert ok.status_code == 202, ok.text
+    assert any("trains version 2" in e["message"] for e in ok.json()["events"])
+    assert wait_job(client, ok.json()["id"])["skill_version"] == 2
+
+
 def test_quality_gate_refuses_a_skill_that_learned_nothing(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
     r = client.post(
         "/tasks",
