@@ -18,9 +18,11 @@ def slot_weights(scores: np.ndarray, ids: np.ndarray, owners: list[str], tempera
 
 
 def top_mix(per_skill: dict[str, float], settings: RouterSettings) -> list[tuple[str, float]]:
-    """Keep the top-k skills with at least min_weight, renormalized, heaviest first."""
+    """Keep the top-k skills with at least min_weight and at least mix_keep_ratio of the top skill's weight,
+    renormalized, heaviest first."""
     top = sorted(per_skill.items(), key=lambda sw: -sw[1])[: settings.top_k]
-    kept = {s: w for s, w in top if w >= settings.min_weight} or dict(top[:1])
+    floor = max(settings.min_weight, settings.mix_keep_ratio * top[0][1]) if top else settings.min_weight
+    kept = {s: w for s, w in top if w >= floor} or dict(top[:1])
     total = sum(kept.values())
     return sorted(((s, w / total) for s, w in kept.items()), key=lambda sw: -sw[1])
 

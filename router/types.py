@@ -25,6 +25,10 @@ class RouterSettings:
     top_k: int = 8  # slots retrieved per request (over all skills)
     temperature: float = 0.02  # softmax temperature over slot scores (whitened cosines are small: 0.05 mixed too flat)
     min_weight: float = 0.05  # skills below this share are dropped and the rest renormalized
+    # ... and so are skills below this fraction of the top skill's share: when the top skill is clearly right a
+    # similar skill's small share dilutes it (yahoo 92% routed to itself scored 38 via auto vs 46 forced, mixed
+    # with agnews); mixes stay where the router is torn between skills
+    mix_keep_ratio: float = 0.5
     threshold_percentile: float = 2.0  # of the skill's own inputs' best score ...
     threshold_margin: float = 0.05  # ... minus this margin
     calibration_folds: int = 5  # those scores come from keys fitted on the other folds (not in-sample)
@@ -57,6 +61,8 @@ class RouterSettings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"router mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0 <= self.mix_keep_ratio <= 1:
+            raise ValueError(f"mix_keep_ratio must be in [0, 1], got {self.mix_keep_ratio}")
         if self.whiten_shrinkage is not None and not 0 <= self.whiten_shrinkage <= 1:
             raise ValueError(f"whiten_shrinkage must be in [0, 1], got {self.whiten_shrinkage}")
 

@@ -54,6 +54,12 @@ def _router_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--router-keys", type=int, default=r.n_keys, help="keys per skill")
     p.add_argument("--router-top-k", type=int, default=r.top_k)
+    p.add_argument(
+        "--router-mix-keep-ratio",
+        type=float,
+        default=r.mix_keep_ratio,
+        help="a mix keeps only skills with at least this fraction of the top skill's weight (0: keep all)",
+    )
     p.add_argument("--router-temperature", type=float, default=r.temperature)
     p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
     p.add_argument("--router-threshold-margin", type=float, default=r.threshold_margin)
@@ -90,6 +96,7 @@ def _router_settings(args: argparse.Namespace) -> RouterSettings:
         mode=args.router_mode,
         n_keys=args.router_keys,
         top_k=args.router_top_k,
+        mix_keep_ratio=args.router_mix_keep_ratio,
         temperature=args.router_temperature,
         threshold_percentile=args.router_threshold_percentile,
         threshold_margin=args.router_threshold_margin,
