@@ -58,7 +58,7 @@ def _router_arguments(p: argparse.ArgumentParser) -> None:
         "--router-mix-keep-ratio",
         type=float,
         default=r.mix_keep_ratio,
-        help="a mix keeps only skills with at least this fraction of the top skill's weight (0: keep all)",
+        help="a mix keeps only skills with at least this fraction of the top skill's weight (default 0: all above 5%%)",
     )
     p.add_argument("--router-temperature", type=float, default=r.temperature)
     p.add_argument("--router-threshold-percentile", type=float, default=r.threshold_percentile)
