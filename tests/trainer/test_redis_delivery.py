@@ -28,6 +28,24 @@ def _record(job: Job) -> SkillRecord:
     return SkillRecord(name=job.skill, version=1, path=Path("/nonexistent"), meta={"training_job": job.id})
 
 
+def _recording(runs: list[str]) -> Any:
+    """A runner that notes each job it runs and returns a record for it."""
+
+    def runner(j: Job, *_: Any) -> SkillRecord:
+        runs.append(j.id)
+        return _record(j)
+
+    return runner
+
+
+def _ended(q: RedisJobQueue, job: Job, timeout: float = 20) -> Job:
+    """The job's record once it reaches a terminal state."""
+    until(lambda: (q.get(job.id) or job).status in TERMINAL, timeout=timeout)
+    done = q.get(job.id)
+    assert done is not None
+    return done
+
+
 def _claim_and_die(r: redis.Redis, q: RedisJobQueue, ttl_ms: int) -> str:
     """What a worker does before it is SIGKILLed: claim the oldest job under a lease it never renews."""
     job_id = r.register_script(_CLAIM)(
@@ -46,16 +64,10 @@ def test_a_job_whose_worker_went_silent_is_run_by_another(redis_url: str) -> Non
     assert enqueuer.depth() == 1  # claimed jobs count: the depth cannot lose them
 
     runs: list[str] = []
-
-    def runner(j: Job, *_: Any) -> SkillRecord:
-        runs.append(j.id)
-        return _record(j)
-
-    worker = RedisJobQueue(redis_url, runner, prefix=prefix, lease_s=0.6)
+    worker = RedisJobQueue(redis_url, _recording(runs), prefix=prefix, lease_s=0.6)
     try:
-        until(lambda: (enqueuer.get(job.id) or job).status in TERMINAL, timeout=20)
-        done = enqueuer.get(job.id)
-        assert done is not None and done.status == JobStatus.SUCCEEDED, done
+        done = _ended(enqueuer, job)
+        assert done.status == JobStatus.SUCCEEDED, done
         assert runs == [job.id] and done.tries == 1
         # everything the job held ended with it: data, lease, its place in the lists
         assert enqueuer.depth() == 0
@@ -74,16 +86,10 @@ def test_a_job_started_max_tries_times_fails_with_the_reason(redis_url: str) -> 
     enqueuer.update(job)
     _claim_and_die(r, enqueuer, ttl_ms=200)
     runs: list[str] = []
-
-    def runner(j: Job, *_: Any) -> SkillRecord:
-        runs.append(j.id)
-        return _record(j)
-
-    worker = RedisJobQueue(redis_url, runner, prefix=prefix, lease_s=0.6, max_tries=2)
+    worker = RedisJobQueue(redis_url, _recording(runs), prefix=prefix, lease_s=0.6, max_tries=2)
     try:
-        until(lambda: (enqueuer.get(job.id) or job).status in TERMINAL, timeout=20)
-        done = enqueuer.get(job.id)
-        assert done is not None and done.status == JobStatus.FAILED and done.error_code == "max_tries_exceeded"
+        done = _ended(enqueuer, job)
+        assert done.status == JobStatus.FAILED and done.error_code == "max_tries_exceeded"
         assert "started 2 times" in (done.error or "") and runs == []
         assert enqueuer.depth() == 0 and not r.exists(enqueuer.keys.data(job.id))
     finally:
@@ -110,9 +116,8 @@ def test_a_worker_keeps_its_lease_while_it_trains(redis_url: str) -> None:
         time.sleep(2.0)  # four lease lengths: both workers swept several times meanwhile
         assert runs == [job.id]
         release.set()
-        until(lambda: (a.get(job.id) or job).status in TERMINAL, timeout=10)
-        done = a.get(job.id)
-        assert done is not None and done.status == JobStatus.SUCCEEDED and done.tries == 1
+        done = _ended(a, job, timeout=10)
+        assert done.status == JobStatus.SUCCEEDED and done.tries == 1
     finally:
         release.set()
         a.close()
@@ -130,8 +135,7 @@ def test_cancelling_a_job_whose_worker_died_ends_it(redis_url: str) -> None:
     assert q.cancel(job.id).status == JobStatus.RUNNING  # type: ignore[union-attr]  # its worker should see it
     worker = RedisJobQueue(redis_url, lambda *_: (_ for _ in ()).throw(AssertionError("ran")), prefix=prefix)
     try:
-        until(lambda: (q.get(job.id) or job).status in TERMINAL, timeout=20)
-        assert q.get(job.id).status == JobStatus.CANCELLED  # type: ignore[union-attr]
+        assert _ended(q, job).status == JobStatus.CANCELLED
         assert q.depth() == 0 and not r.exists(q.keys.cancel(job.id), q.keys.data(job.id))
     finally:
         worker.close()
