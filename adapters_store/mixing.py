@@ -1,15 +1,16 @@
 """The one mixed-LoRA layer, for serving and for SAPT training: y = W x + Σ_i w_i · s_i · B_i A_i x per batch row.
 
-Every target Linear of a model is swapped for a `MixedLoRALinear` that adds `plan.delta(x)` while a plan is
+Every target Linear of a model is swapped for a `MixedLoRALinear` that adds the plan's delta while a plan is
 set. A plan is the factored mix of one module for one batch: the rows' blocks' A's stacked into one down
 projection, each block's intermediate scaled by w_i · s_i, the B's stacked into one up projection. Summing
 the products B_i A_i this way is exact; averaging A's and B's separately would add cross terms B_i A_j.
 
 Two plans fill that shape (PEFT's `_mixed_batch_forward` and LoRAX's per-row adapter indices are the models):
-- `RowBlocks` (serving, `LoRABank`): each row gathers only its own k blocks by slot index from the resident
-  stack (one index_select per factor and batch composition), the weights scaling the rank-sized
-  intermediate; a step is two bmm's per module, one fewer for each packed sibling (q,k,v share one down
-  projection, as vLLM packs QKV).
+- `RowBlocks` (serving, `LoRABank`), in one of two layouts, whichever costs less for the batch: per row,
+  each row's own k blocks gathered by slot index (b * k blocks, two bmm's per module); or shared, the union
+  of the batch's skills gathered once (U blocks, two plain matrix products, each row's weights zero outside
+  its own blocks). The weights scale the rank-sized intermediate either way, and packed siblings share one
+  down projection (q,k,v as vLLM packs QKV).
 - `WeightedBlocks` (training, `weighted_mix`): every row uses the same blocks, so they stay shared and
   un-gathered, and the per-row weights are applied on each forward because they carry the gradient back to
   the router; trainable blocks are used as given (Parameters), so the new block learns through the mix.
@@ -31,7 +32,9 @@ from .lora import LoRAAdapter, LoRAFactors, Mix, UnsupportedAdapter
 
 
 class Plan(Protocol):
-    def delta(self, x: Tensor) -> Tensor: ...
+    def add_delta(self, x: Tensor, y: Tensor) -> Tensor:
+        """`y`, the base Linear's output for `x`, plus the plan's LoRA delta for `x`."""
+        ...
 
 
 class MixedLoRALinear(nn.Module):
@@ -47,8 +50,8 @@ class MixedLoRALinear(nn.Module):
         return self.base.weight
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.base(x)
-        return y if self.plan is None else y + self.plan.delta(x)
+        y = F.linear(x, self.base.weight, self.base.bias)  # not self.base(x): a second module call per Linear
+        return y if self.plan is None else self.plan.add_delta(x, y)
 
 
 def install(model: nn.Module, path: str) -> tuple[MixedLoRALinear, bool]:
@@ -70,8 +73,9 @@ PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class SharedShrink:
-    """Sibling modules' stacked A's for one batch: the first sibling called computes every sibling's
-    intermediate in one bmm, the others slice theirs from it (decode runs 2 bmm's per layer fewer for q,k,v).
+    """Sibling modules' stacked A's and scales for one batch: the first sibling called computes every sibling's
+    scaled intermediate in one product and one multiply, the others slice theirs from it (decode runs 6 ops per
+    layer fewer for q,k,v: on a CPU a decode step's LoRA cost is mostly the count of small ops).
 
     Reuse is guarded by the input itself, not by call order: the cached product is used only for the very
     tensor it was computed from (same object, and not modified in place since where torch tracks that:
@@ -79,8 +83,9 @@ class SharedShrink:
     its own product each time and stays exact.
     """
 
-    def __init__(self, A: Tensor) -> None:
-        self.A = A  # (batch, Σ k * r_max, in) over the siblings
+    def __init__(self, A: Tensor, scale: Tensor) -> None:
+        self.A = A  # (batch, Σ k * r_max, in) over the siblings, or (Σ U * r_max, in) shared by every row
+        self.scale = scale  # (batch, 1, Σ k * r_max or Σ U * r_max)
         self._x: Tensor | None = None
         self._version = -1
         self._h: Tensor | None = None
@@ -88,7 +93,7 @@ class SharedShrink:
     def __call__(self, x: Tensor, x3: Tensor) -> Tensor:
         version = -1 if x.is_inference() else x._version  # inference tensors keep no version counter
         if self._h is None or self._x is not x or self._version != version:
-            self._h, self._x, self._version = torch.bmm(x3, self.A.transpose(1, 2)), x, version
+            self._h, self._x, self._version = torch.matmul(x3, self.A.transpose(-1, -2)) * self.scale, x, version
         return self._h
 
     def clear(self) -> None:
@@ -100,6 +105,14 @@ class SharedShrink:
 class RowBlocks:
     """Serving plan for one module and batch: row b uses slots idx[b] with scales w·s (0 pads a short mix).
 
+    `A`/`Bt` are either per row, (batch, k * r_max, in/out), or shared by every row, (U * r_max, in/out) for the
+    U skills of the batch with `scale` zero outside a row's own blocks. Shared blocks suit decode over a small
+    pool (16 rows of k=3 mixes over 10 skills: 10 blocks instead of 48): fewer bytes read per step, and a
+    row joining or leaving changes only the scales, where per-row blocks copy b * k blocks of every module
+    again (18 ms per composition on SmolLM2 here, with one every ~2 decode steps at 16 clients; the layouts'
+    step time, with and without that churn: load_tests/bench_mix_layout.py). Prefill of different mixes,
+    where the multiply-adds are, stays per row.
+
     The LoRAX/Punica way: each row multiplies only by its own k blocks, gathered once per batch from the
     module's stack of resident blocks, so the cost grows with a row's own rank, not with the union of the
     batch's skills (16 rows with distinct k=3 mixes would otherwise stack 48 blocks for every row). A gather
@@ -108,10 +121,10 @@ class RowBlocks:
     else: 15x cheaper per module than fancy-indexing, permuting and scaling B (decode shapes, 2 threads).
     """
 
-    A: Tensor  # (batch, k * r_max, in): row b's blocks' A, stacked (zero rows pad a short mix or rank)
-    Bt: Tensor  # (batch, k * r_max, out): row b's blocks' B, transposed, stacked the same way
-    scale: Tensor  # (batch, 1, k * r_max): each block's w_i · s_i over its rank columns
-    shared: SharedShrink | None = None  # with `cols`: this module's intermediate is columns cols of shared's
+    A: Tensor  # (batch, k * r_max, in): row b's blocks' A, stacked (zero rows pad a short mix or rank); or (U * r_max, in)
+    Bt: Tensor  # (batch, k * r_max, out): row b's blocks' B, transposed, stacked the same way; or (U * r_max, out)
+    scale: Tensor  # (batch, 1, k * r_max or U * r_max): each block's w_i · s_i over its rank columns
+    shared: SharedShrink | None = None  # with `cols`: this module's scaled intermediate is columns cols of shared's
     cols: slice = field(default_factory=lambda: slice(None))
 
     @classmethod
@@ -126,11 +139,19 @@ class RowBlocks:
             scale.to(Bt.dtype)[:, None, :],
         )
 
-    def delta(self, x: Tensor) -> Tensor:
-        x3 = x if x.dim() == 3 else x[:, None, :]
-        h = torch.bmm(x3, self.A.transpose(1, 2)) if self.shared is None else self.shared(x, x3)[:, :, self.cols]
-        out = torch.bmm(h * self.scale, self.Bt)
-        return out if x.dim() == 3 else out[:, 0, :]
+    def add_delta(self, x: Tensor, y: Tensor) -> Tensor:
+        x3, y3 = (x, y) if x.dim() == 3 else (x[:, None, :], y[:, None, :])
+        # matmul: a bmm for per-row blocks, one plain matrix product over every row's tokens for shared ones
+        if self.shared is None:
+            h = torch.matmul(x3, self.A.transpose(-1, -2)) * self.scale
+        else:
+            h = self.shared(x, x3)[:, :, self.cols]
+        # the up projection and the add in one op (addmm / baddbmm), as for the base Linear's bias
+        if self.Bt.dim() == 2:
+            out = torch.addmm(y3.reshape(-1, y3.shape[-1]), h.reshape(-1, h.shape[-1]), self.Bt)
+        else:
+            out = torch.baddbmm(y3, h, self.Bt)
+        return out.view(y.shape)
 
 
 class WeightedBlocks:
@@ -150,6 +171,9 @@ class WeightedBlocks:
         self.cols = torch.cat([torch.full((f.rank,), i) for i, f in blocks]).to(device)
         self.col_scale = torch.cat([torch.full((f.rank,), f.scaling) for _, f in blocks]).to(device)
         self.weights: Tensor | None = None
+
+    def add_delta(self, x: Tensor, y: Tensor) -> Tensor:
+        return y + self.delta(x)
 
     def delta(self, x: Tensor) -> Tensor:
         # stacked on every forward: the trainable block's Parameters change between steps
@@ -200,6 +224,35 @@ def weighted_mix(
             if created:
                 parent_path, _, attr = path.rpartition(".")
                 setattr(model.get_submodule(parent_path), attr, layer.base)
+
+
+READ_COST = 8  # reading a block element vs one multiply-add with it: a rough figure, not tuned per device
+
+
+def shared_is_cheaper(rows: int, k: int, union: int, tokens: int) -> bool:
+    """Whether `rows` mixes of up to k blocks each, over `union` distinct skills, run with fewer costs on shared
+    union blocks (read U blocks, every row multiplies all U) than on per-row blocks (read rows * k, each row
+    multiplies its k), `tokens` positions per row. A single row never is: its union is its own blocks. It
+    leaves out the per-row layout's gather on every new composition, which only favours shared more."""
+    per_row = rows * k * (READ_COST + tokens)
+    shared = union * (READ_COST + rows * tokens)
+    return shared < per_row
+
+
+def _with_shared(
+    siblings: Sequence[str], own: dict[str, RowBlocks], A: Tensor | None, dim: int
+) -> dict[str, RowBlocks]:
+    """Siblings' plans reading their scaled intermediates as consecutive column ranges of one shared down
+    projection `A` (their A's concatenated along `dim`, the rank dim); without one, the plans as they are."""
+    if A is None:
+        return dict(own)
+    shared = SharedShrink(A, torch.cat([own[p].scale for p in siblings], dim=-1))
+    plans, start = {}, 0
+    for path in siblings:
+        cols = slice(start, start + own[path].A.shape[dim])
+        start = cols.stop
+        plans[path] = RowBlocks(own[path].A, own[path].Bt, own[path].scale, shared, cols)
+    return plans
 
 
 class _ModuleStack:
@@ -269,10 +322,15 @@ class LoRABank:
         # alternates with it, so the last few are kept (the version changes whenever a skill is added or removed).
         self._version = 0
         self._plans: OrderedDict[
-            tuple[int, tuple[tuple[tuple[str, float], ...], ...]], tuple[list[RowBlocks], _Buffers]
+            tuple[int, bool, tuple[tuple[tuple[str, float], ...], ...]], tuple[list[RowBlocks], _Buffers]
         ]
         self._plans = OrderedDict()
         self._spare: list[_Buffers] = []  # buffers of plans dropped: the next compositions write into them
+        # The blocks of the last batch skill sets (union of slots) for shared plans, per module: (U*r, in/out).
+        # Keyed by module path, and "<first sibling>#shared" for packed siblings' concatenated A's.
+        self._unions: OrderedDict[tuple[int, tuple[int, ...]], dict[str, tuple[Tensor, Tensor, tuple[float, ...]]]] = (
+            OrderedDict()
+        )
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
@@ -316,22 +374,27 @@ class LoRABank:
     def __len__(self) -> int:
         return len(self.adapters)
 
-    def activate(self, mixes: Sequence[Mix]) -> None:
-        """Row b of every batched forward from now on uses `mixes[b]` (empty = base model)."""
+    def activate(self, mixes: Sequence[Mix], tokens: int = 1) -> None:
+        """Row b of every batched forward from now on uses `mixes[b]` (empty = base model); `tokens` is how
+        many positions a row will run at once (1 in decode: the default), which picks the cheaper layout."""
         unknown = sorted({s for mix in mixes for s, w in mix if w != 0.0 and s not in self.slots})
         if unknown:
             raise KeyError(f"unknown skills in mix: {unknown}")
         k = max((len(m) for m in mixes), default=0)
-        if k == 0 or not self.stacks:
+        union = tuple(sorted({self.slots[s] for m in mixes for s, w in m if w != 0.0}))
+        if not union or not self.stacks:  # every row is the base model
             self.deactivate()
             return
-        key = (self._version, tuple(tuple((s, float(w)) for s, w in m) for m in mixes))
+        shared = shared_is_cheaper(len(mixes), k, len(union), tokens)
+        key = (self._version, shared, tuple(tuple((s, float(w)) for s, w in m) for m in mixes))
         cached = self._plans.get(key)
         if cached is None:
             while len(self._plans) >= 4:  # the oldest composition is not active: its buffers are free
                 self._spare.append(self._plans.popitem(last=False)[1][1])
             bufs = self._spare.pop() if self._spare else _Buffers()
-            cached = self._plans[key] = (self._gather(mixes, k, bufs), bufs)
+            idx, weight = self._indices(mixes, k)
+            plans = self._shared(idx, weight, union) if shared else self._gather(idx, weight, bufs)
+            cached = self._plans[key] = (plans, bufs)
         self._plans.move_to_end(key)
         plans = cached[0]
         for stack, plan in zip(self.stacks.values(), plans):
@@ -340,39 +403,81 @@ class LoRABank:
     def _drop_plans(self) -> None:
         self._spare.extend(bufs for _, bufs in self._plans.values())
         self._plans.clear()
+        self._unions.clear()
 
-    def _gather(self, mixes: Sequence[Mix], k: int, bufs: _Buffers) -> list[RowBlocks]:
+    def _indices(self, mixes: Sequence[Mix], k: int) -> tuple[Tensor, Tensor]:
+        """Each row's slots (b, k) and weights (b, k); a short mix is padded with slot 0 at weight 0."""
         idx = torch.zeros(len(mixes), k, dtype=torch.long)
         weight = torch.zeros(len(mixes), k, dtype=torch.float32)
         for b, mix in enumerate(mixes):
             for j, (s, w) in enumerate(mix):
                 if w != 0.0:
                     idx[b, j], weight[b, j] = self.slots[s], w
-        idx = idx.to(self.device)
-        weight = weight.to(self.device)
+        return idx.to(self.device), weight.to(self.device)
+
+    def _gather(self, idx: Tensor, weight: Tensor, bufs: _Buffers) -> list[RowBlocks]:
+        """Per-row plans: each row's own k blocks, gathered into `bufs`."""
+        b, k = idx.shape
         plans: dict[str, RowBlocks] = {}
         for siblings in self._siblings():
             own = {}
             for path in siblings:
                 stack = self.stacks[path]
                 r = stack.A.shape[1]
-                scale = (weight * stack.scaling[idx])[:, :, None].expand(-1, -1, r).reshape(len(mixes), k * r)
-                n = len(mixes) * k
+                scale = (weight * stack.scaling[idx])[:, :, None].expand(-1, -1, r).reshape(b, k * r)
                 out = (
-                    bufs.get((path, "A"), (n, *stack.A.shape[1:]), stack.A),
-                    bufs.get((path, "Bt"), (n, *stack.Bt.shape[1:]), stack.Bt),
+                    bufs.get((path, "A"), (b * k, *stack.A.shape[1:]), stack.A),
+                    bufs.get((path, "Bt"), (b * k, *stack.Bt.shape[1:]), stack.Bt),
                 )
                 own[path] = RowBlocks.gather(stack.A, stack.Bt, idx, scale, out)
-            shared = None
+            A = None
             if len(siblings) > 1:
                 parts = [own[p].A for p in siblings]
-                shape = (len(mixes), sum(a.shape[1] for a in parts), parts[0].shape[2])
-                shared = SharedShrink(torch.cat(parts, dim=1, out=bufs.get((siblings[0], "shared"), shape, parts[0])))
-            start = 0
+                shape = (b, sum(a.shape[1] for a in parts), parts[0].shape[2])
+                A = torch.cat(parts, dim=1, out=bufs.get((siblings[0], "shared"), shape, parts[0]))
+            plans.update(_with_shared(siblings, own, A, dim=1))
+        return [plans[p] for p in self.stacks]
+
+    def _shared(self, idx: Tensor, weight: Tensor, union: tuple[int, ...]) -> list[RowBlocks]:
+        """Plans whose blocks are the union's, shared by every row: gathered once per union (a joining or
+        leaving row with the same skills only changes the scales), each row scaled by its own weights."""
+        b, _ = idx.shape
+        key = (self._version, union)
+        sel = torch.tensor(union, dtype=torch.long, device=self.device)
+        blocks = self._unions.get(key)
+        if blocks is None:
+            if len(self._unions) >= 2:
+                self._unions.popitem(last=False)
+            blocks = {}
+            for path, stack in self.stacks.items():
+                A, Bt = stack.A.index_select(0, sel), stack.Bt.index_select(0, sel)
+                scaling = tuple(stack.scaling.index_select(0, sel).tolist())
+                blocks[path] = (A.reshape(-1, A.shape[2]), Bt.reshape(-1, Bt.shape[2]), scaling)
+            for siblings in self._siblings():  # packed siblings' A's, concatenated once per union too
+                if len(siblings) > 1:
+                    cat = torch.cat([blocks[p][0] for p in siblings], dim=0)
+                    blocks[siblings[0] + "#shared"] = (cat, cat, ())
+            self._unions[key] = blocks
+        self._unions.move_to_end(key)
+        where = torch.zeros(max(union) + 1, dtype=torch.long, device=self.device)
+        where[sel] = torch.arange(len(union), device=self.device)
+        # (b, U): each row's weight per union skill, padding adding 0 at place 0; a module's scales are these
+        # times its blocks' s_i, one tensor per distinct (s_i, rank): modules of one LoRA config share it
+        w = torch.zeros(b, len(union), dtype=torch.float32, device=self.device).scatter_add_(1, where[idx], weight)
+        scales: dict[tuple[tuple[float, ...], int, torch.dtype], Tensor] = {}
+        plans: dict[str, RowBlocks] = {}
+        for siblings in self._siblings():
+            own = {}
             for path in siblings:
-                cols = slice(start, start + own[path].A.shape[1])
-                start = cols.stop
-                plans[path] = RowBlocks(own[path].A, own[path].Bt, own[path].scale, shared, cols)
+                A, Bt, scaling = blocks[path]
+                r = A.shape[0] // len(union)
+                skey = (scaling, r, Bt.dtype)
+                if skey not in scales:
+                    s_i = torch.tensor(scaling, dtype=torch.float32, device=self.device)
+                    scales[skey] = (w * s_i).repeat_interleave(r, dim=1).to(Bt.dtype)[:, None, :]
+                own[path] = RowBlocks(A, Bt, scales[skey])
+            packed = blocks[siblings[0] + "#shared"][0] if len(siblings) > 1 else None
+            plans.update(_with_shared(siblings, own, packed, dim=0))
         return [plans[p] for p in self.stacks]
 
     def _siblings(self) -> list[list[str]]:
@@ -392,9 +497,10 @@ class LoRABank:
             stack.layer.plan = None
 
     @contextmanager
-    def mixed(self, mixes: Sequence[Mix]) -> Iterator[None]:
-        """Within the block, row b of any batch forward uses mix `mixes[b]` (empty = base model)."""
-        self.activate(mixes)
+    def mixed(self, mixes: Sequence[Mix], tokens: int = 1) -> Iterator[None]:
+        """Within the block, row b of any batch forward uses mix `mixes[b]` (empty = base model); `tokens`:
+        the positions per row of the forwards (see `activate`)."""
+        self.activate(mixes, tokens)
         try:
             yield
         finally:

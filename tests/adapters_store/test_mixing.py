@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter, mix_delta
-from skillpool.adapters_store.mixing import LoRABank, MixedLoRALinear, weighted_mix
+from skillpool.adapters_store.mixing import LoRABank, MixedLoRALinear, shared_is_cheaper, weighted_mix
 from tests.adapters_store.test_lora import merged_copy, random_adapter, tiny_llama
 
 
@@ -81,6 +81,52 @@ def test_packed_siblings_share_one_down_projection_and_stay_exact_on_other_input
             blocks = [(a.modules[prefix + name], w) for a, w in adapters if prefix + name in a.modules]
             want = inp[row] @ (layer.weight + mix_delta(blocks)).T if blocks else layer(inp[row])
             assert torch.allclose(out[row], want, atol=1e-5), f"{name} row {row}"
+
+
+def test_shared_union_blocks_equal_per_row_blocks() -> None:
+    """Many rows of different mixes over few skills run on the union's blocks shared by every row (decode); the
+    same batch with long rows runs per-row blocks (prefill). Both layouts give every row its own mix."""
+    model = tiny_llama()
+    adapters = {
+        "one": random_adapter(model, 4, 8, seed=7),
+        "two": random_adapter(model, 2, 2, seed=8, targets=("q_proj",)),
+        "three": random_adapter(model, 8, 16, seed=9, targets=("q_proj", "v_proj", "o_proj")),
+        "four": random_adapter(model, 4, 4, seed=10),
+    }
+    bank = LoRABank(model)
+    for name, a in adapters.items():
+        bank.add(name, a)
+    mixes = [
+        [("one", 0.5), ("two", 0.3), ("three", 0.2)],
+        [("three", 1.0)],
+        [],
+        [("two", 0.6), ("one", 0.4)],
+        [("one", 0.2), ("three", 0.8)],
+        [("three", 0.5), ("two", 0.25), ("four", 0.25)],
+    ]
+    assert shared_is_cheaper(len(mixes), 3, 4, tokens=1) and not shared_is_cheaper(len(mixes), 3, 4, tokens=64)
+    assert not shared_is_cheaper(1, 3, 3, tokens=1)  # one row: its union is its own blocks
+    x = torch.randint(0, 97, (len(mixes), 5))
+    q = model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        with bank.mixed(mixes, tokens=1):
+            assert q.plan.A.dim() == 2  # (U * r, in): one set of blocks for every row
+            shared = model(x).logits
+        with bank.mixed(mixes, tokens=64):
+            assert q.plan.A.dim() == 3  # (rows, k * r, in): each row's own blocks
+            per_row = model(x).logits
+        assert torch.allclose(shared, per_row, atol=1e-4)
+        for i, mix in enumerate(mixes):
+            with bank.mixed([mix]):
+                single = model(x[i : i + 1]).logits
+            assert torch.allclose(shared[i], single[0], atol=1e-4), f"row {i} differs"
+        base = model(x).logits
+        with bank.mixed([[("one", 0.0)]] * len(mixes)):  # zero weights only: no blocks at all
+            assert q.plan is None
+            zero = model(x).logits
+    assert torch.allclose(shared[2], base[2], atol=1e-5)  # the empty mix is the base model
+    assert torch.equal(zero, base)
+    assert not torch.allclose(shared[0], base[0], atol=1e-3)
 
 
 def test_unknown_skill_in_mix_is_an_error() -> None:
