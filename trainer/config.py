@@ -55,6 +55,8 @@ class TrainConfig:
     kif_ema_in: float = 0.55  # α: EMA of the new task's importance
     kif_ema_hist: float = 0.55  # β: EMA of the memory's importance
     kif_init_blocks: int = 3  # the new block starts from at most this many similar existing blocks (0: fresh)
+    kif_start_probe: int = 16  # new-task rows that score the candidate starts (0: always the blocks' mix)
+    kif_start_margin: float = 0.02  # a start from blocks must beat fresh's probe loss by this share
     # method sapt (trainer/attentive.py)
     sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss
 
@@ -87,7 +89,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config.{name}", "must be > 0")
-        for name in ("dropout", "warmup_ratio", "eval_fraction", "replay_fraction"):
+        for name in ("dropout", "warmup_ratio", "eval_fraction", "replay_fraction", "kif_start_margin"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"config.{name}", "must be in [0, 1)")
         for name in (
@@ -96,6 +98,7 @@ class TrainConfig:
             "quality_z",
             "quality_max_drop",
             "kif_init_blocks",
+            "kif_start_probe",
             "sapt_route_weight",
         ):
             if getattr(self, name) < 0:
@@ -114,6 +117,7 @@ class TrainConfig:
         upper = {"learning_rate": 1.0, "alpha": 1e4, "max_seq_len": 32768, "max_eval_examples": 100_000}
         upper |= {"probe_size": 10_000, "quality_z": 10.0, "kif_init_blocks": 64, "sapt_route_weight": 1e3}
         upper |= {"quality_max_drop": 1.0, "weight_decay": 10.0, "kif_inner_steps": 1000}
+        upper |= {"kif_start_probe": 10_000}
         for name, most in upper.items():
             if getattr(self, name) > most:
                 raise ConfigError(f"config.{name}", f"must be <= {most:g}")

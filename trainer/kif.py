@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from skillpool.adapters_store.lora import LoRAAdapter, mix_delta
 
-from .loop import Encoded, Method, Progress, Schedule, TrainLoop
+from .loop import Encoded, Method, Progress, Schedule, TrainLoop, answer_loss, collate
 
 ADAPTER = "default"  # the PEFT adapter name add_lora trains
 PEFT_PREFIX = "base_model.model."  # PEFT module names = this + the base model's module path
@@ -102,6 +102,79 @@ def init_from_blocks(peft_model: nn.Module, blocks: Sequence[tuple[LoRAAdapter, 
             b_weight.copy_(new_b.to(b_weight.dtype))
         count += 1
     return count
+
+
+def probe_loss(peft_model: nn.Module, probe: Sequence[Encoded], pad_token_id: int, batch_size: int = 8) -> float:
+    """Mean answer-token cross-entropy of the model as it stands on `probe` (no dropout, no grad)."""
+    was_training = peft_model.training
+    peft_model.eval()
+    device = next(peft_model.parameters()).device
+    total, tokens = 0.0, 0
+    try:
+        with torch.no_grad():
+            for i in range(0, len(probe), batch_size):
+                batch = {k: v.to(device) for k, v in collate(probe[i : i + batch_size], pad_token_id).items()}
+                n = int((batch["labels"][:, 1:] != -100).sum())
+                total += float(answer_loss(peft_model, batch)) * n  # the batch's mean back to a sum
+                tokens += n
+    finally:
+        peft_model.train(was_training)
+    if tokens == 0:
+        raise ValueError("the probe has no answer tokens to score")
+    return total / tokens
+
+
+@dataclass(frozen=True)
+class StartChoice:
+    """Which start the new block trains from, and every candidate's probe loss (blocks {} = fresh)."""
+
+    blocks: dict[str, float]
+    candidates: list[dict[str, object]]  # [{"blocks": {...}, "loss": float}], fresh first
+
+
+def start_candidates(seeds: dict[str, float]) -> list[dict[str, float]]:
+    """Fresh, each seed block alone, and their router-weighted mix: a mix can help where no single block
+    does, and a single block where the mix blurs it."""
+    out: list[dict[str, float]] = [{}] + [{name: 1.0} for name in seeds]
+    if len(seeds) > 1:
+        out.append(dict(seeds))
+    return out
+
+
+def choose_start(
+    peft_model: nn.Module,
+    seeds: dict[str, tuple[LoRAAdapter, float]],
+    probe: Sequence[Encoded],
+    pad_token_id: int,
+    margin: float,
+) -> StartChoice:
+    """Seed the new block from earlier blocks only where that helps the new task (issue 18: starting from
+    the nearest blocks transferred negatively on tasks they did not help). Every candidate start is scored
+    by its answer loss on `probe`, rows of the new task seen before any training step; the best one wins
+    if its loss is below fresh's by the relative `margin`, else the block starts fresh (PEFT's init,
+    restored exactly). A block of the same format but another label set is confidently wrong on the new
+    task, so its loss is above fresh's rather than below.
+    """
+    layers = [_factors(layer) for _, layer in _lora_layers(peft_model)]
+    fresh = [(a.detach().clone(), b.detach().clone()) for a, b, _ in layers]
+
+    def reset() -> None:
+        with torch.no_grad():
+            for (a, b, _), (a0, b0) in zip(layers, fresh, strict=True):
+                a.copy_(a0)
+                b.copy_(b0)
+
+    scored: list[dict[str, object]] = []
+    for blocks in start_candidates({name: w for name, (_, w) in seeds.items()}):
+        reset()
+        init_from_blocks(peft_model, [(seeds[name][0], w) for name, w in blocks.items()])
+        scored.append({"blocks": blocks, "loss": probe_loss(peft_model, probe, pad_token_id)})
+    fresh_loss = cast(float, scored[0]["loss"])
+    best = min(scored[1:], key=lambda c: cast(float, c["loss"]), default=scored[0])
+    chosen = cast(dict[str, float], best["blocks"]) if cast(float, best["loss"]) < fresh_loss * (1 - margin) else {}
+    reset()
+    init_from_blocks(peft_model, [(seeds[name][0], w) for name, w in chosen.items()])
+    return StartChoice(chosen, scored)
 
 
 def _top_mask(importance: Tensor, share: float) -> Tensor:

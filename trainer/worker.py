@@ -6,7 +6,8 @@ Methods:
   sapt      SAPT attentive learning: the block trains inside the attention mix of every earlier block
             (frozen) with its key and the query projector, plus attentive reflection (trainer/attentive.py).
             Needs the router in sapt mode: serving mixes blocks with that same attention.
-  kif       Recurrent-KIF: the block starts from the router-weighted mix of the most similar blocks and
+  kif       Recurrent-KIF: the block starts from the most similar blocks (one alone or their router-weighted
+            mix) when that lowers the new task's loss before training, else fresh (trainer/kif.py), and
             trains in cycles of inner steps on the task and an outer step on the memory buffer (every
             earlier skill's stored samples), fused through importance masks (trainer/kif.py).
 All three run on one training loop (trainer/loop.py); each is a `Method` with its own hooks.
@@ -31,7 +32,7 @@ from skillpool.router import Router
 from .attentive import train_attentive
 from .config import TrainConfig, method_error
 from .judge import Judge, LocalJudge
-from .kif import KIFSettings, fit_kif, init_from_blocks
+from .kif import KIFSettings, choose_start, fit_kif, init_from_blocks
 from .loop import Progress
 from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapter
 from .pseudo import GeneratorConfig, pseudo_replay
@@ -223,13 +224,20 @@ class SkillTrainer:
     ) -> dict[str, Any]:
         """Recurrent-KIF on the new block: seeded from similar blocks, fused against the memory buffer."""
         seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks)
-        if seeds:
+        encoded = [encode_example(tok, e, cfg.max_seq_len) for e in train]
+        start: dict[str, Any] = {"init_from": seeds}
+        if seeds and cfg.kif_start_probe > 0:
+            probe = random.Random(cfg.seed).sample(encoded, min(cfg.kif_start_probe, len(encoded)))
+            blocks = {n: (self._record(n).adapter(), w) for n, w in seeds.items()}
+            choice = choose_start(peft_model, blocks, probe, pad_id(tok), cfg.kif_start_margin)
+            start = {"init_from": choice.blocks, "start_candidates": choice.candidates}
+        elif seeds:
             init_from_blocks(peft_model, [(self._record(n).adapter(), w) for n, w in seeds.items()])
         earlier = [rec for rec in self.store.list_latest() if rec.name != name]
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in earlier for e in rec.replay()]
         fit_kif(
             peft_model,
-            [encode_example(tok, e, cfg.max_seq_len) for e in train],
+            encoded,
             memory,
             pad_id(tok),
             epochs=cfg.epochs,
@@ -244,7 +252,7 @@ class SkillTrainer:
             on_progress=on_progress,
             should_stop=should_stop,
         )
-        return {"init_from": seeds, "memory_examples": len(memory), "memory_skills": len(earlier)}
+        return {**start, "memory_examples": len(memory), "memory_skills": len(earlier)}
 
     def _similar_skills(self, name: str, texts: list[str], k: int, sample: int = 64) -> dict[str, float]:
         """The k registered skills nearest to these inputs, by mean mix weight (normalized). Ungated: the new

@@ -30,6 +30,8 @@ def test_defaults_and_overrides() -> None:
         ({"learning_rate": 5.0}, "config.learning_rate"),
         ({"seed": 2**64}, "config.seed"),
         ({"seed": -1}, "config.seed"),
+        ({"kif_start_probe": -1}, "config.kif_start_probe"),
+        ({"kif_start_margin": 1.0}, "config.kif_start_margin"),
     ],
 )
 def test_bad_hyperparameters_name_the_field(raw: dict, param: str) -> None:

@@ -9,7 +9,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
-from skillpool.trainer.kif import KIFSettings, fit_kif, init_from_blocks
+from skillpool.trainer.kif import KIFSettings, choose_start, fit_kif, init_from_blocks, probe_loss
 from skillpool.trainer.loop import Cancelled, Progress, answer_loss, collate
 from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id
 
@@ -238,6 +238,36 @@ def test_memory_replay_protects_the_earlier_task(tiny_base, tok) -> None:  # typ
     # and not only because masking moves less: replaying a memory of an unrelated task protects A less
     assert loss_on(kif, a) < loss_on(kif_other, a)
     assert loss_on(kif, b) < loss_on(first, b)  # while B is still learned
+
+
+def test_choose_start_takes_a_block_that_fits_and_refuses_one_that_hurts(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    a = encode(tok, TASK_A)
+    first = peft_model(tiny_base, rank=4)
+    fit(first, a, pad_id(tok), epochs=20.0, batch_size=4, learning_rate=5e-2, seed=0)
+    block_a = block_of(first)
+    noise = random_adapter(first, rank=4, scaling=8.0, seed=5)  # large random deltas: confidently wrong
+
+    model = peft_model(tiny_base, rank=4, seed=1)
+    choice = choose_start(model, {"a": (block_a, 0.6), "noise": (noise, 0.4)}, a, pad_id(tok), margin=0.02)
+    assert [c["blocks"] for c in choice.candidates] == [{}, {"a": 1.0}, {"noise": 1.0}, {"a": 0.6, "noise": 0.4}]
+    losses = [float(c["loss"]) for c in choice.candidates]  # type: ignore[arg-type]
+    assert losses[1] < losses[0] < losses[2]  # the learned block helps task A, the noise hurts it
+    assert choice.blocks == {"a": 1.0}
+    assert probe_loss(model, a, pad_id(tok)) == pytest.approx(losses[1], rel=1e-5)  # the model is at that start
+    for path, mod in lora_layers(model).items():
+        assert torch.allclose(new_delta(mod), block_a.modules[path].delta(), atol=1e-5)
+
+    other = peft_model(tiny_base, rank=4, seed=2)
+    init = trainable(other)
+    refused = choose_start(other, {"noise": (noise, 1.0)}, a, pad_id(tok), margin=0.02)
+    assert refused.blocks == {} and [c["blocks"] for c in refused.candidates] == [{}, {"noise": 1.0}]
+    after = trainable(other)
+    assert all(torch.equal(init[k], after[k]) for k in init)  # PEFT's init back, bit for bit
+    assert probe_loss(other, a, pad_id(tok)) == pytest.approx(float(refused.candidates[0]["loss"]), rel=1e-6)  # type: ignore[arg-type]
+
+    # the margin: a block must beat fresh by that share, not by any amount
+    strict = choose_start(peft_model(tiny_base, rank=4, seed=1), {"a": (block_a, 1.0)}, a, pad_id(tok), margin=0.99)
+    assert strict.blocks == {}
 
 
 @pytest.mark.parametrize(
