@@ -88,6 +88,12 @@ def _router_arguments(p: argparse.ArgumentParser) -> None:
         help="sapt: replay the stored real samples or generated pseudo inputs",
     )
     p.add_argument("--sapt-lambda", type=float, default=r.sapt.arm_lambda, help="sapt: weight of attentive reflection")
+    p.add_argument(
+        "--sapt-generated",
+        type=int,
+        default=r.sapt.generated,
+        help="sapt: inputs drawn per earlier skill from its stored Gaussian for attentive reflection (0: off)",
+    )
 
 
 def _router_settings(args: argparse.Namespace) -> RouterSettings:
@@ -102,7 +108,7 @@ def _router_settings(args: argparse.Namespace) -> RouterSettings:
         threshold_margin=args.router_threshold_margin,
         white_threshold_percentile=args.router_white_threshold_percentile,
         white_threshold_margin=args.router_white_threshold_margin,
-        sapt=replace(r.sapt, replay=args.sapt_replay, arm_lambda=args.sapt_lambda),
+        sapt=replace(r.sapt, replay=args.sapt_replay, arm_lambda=args.sapt_lambda, generated=args.sapt_generated),
         format=replace(r.format, enabled=args.router_format_gate == "on"),
     )
 

@@ -117,7 +117,7 @@ def train_attentive(
     start = (
         state.keys[state.names.index(name)]
         if name in state.names and state.keys is not None
-        else state.initial_key(proj, pooled, len(names))
+        else state.initial_key(proj, pooled, names)
     )
     key = nn.Parameter(start.detach().clone())
     replay_pooled = {n: pooler(list(replay[n])) for n in names[:-1] if n in replay and len(replay[n])}
@@ -142,7 +142,13 @@ def train_attentive(
         }
     )
     held = pooler(list(held_texts)) if held_texts else pooled
-    new_state = state.with_skill(names, torch.cat([frozen_keys, key.detach()[None]]), proj, held)
+    new_state = state.with_skill(
+        names,
+        torch.cat([frozen_keys, key.detach()[None]]),
+        proj,
+        held,
+        torch.cat([pooled, held]) if held_texts else pooled,
+    )
     return AttentiveResult(adapter=adapter, state=new_state)
 
 
@@ -169,7 +175,8 @@ class SAPT(Method):
         self.mix, self.pooled, self.state, self.frozen_keys, self.key = mix, pooled, state, frozen_keys, key
         self.proj, self.block, self.route_weight = proj, block, route_weight
         self.t = len(names) - 1  # the new block's index in the mix
-        self.targets = state.arm_targets(names, replay_pooled)
+        self.names, self.replay_pooled = names, replay_pooled
+        self.draws = torch.Generator().manual_seed(state.settings.seed + 1)  # generative replay, fresh each step
 
     def param_groups(self, schedule: Schedule) -> list[dict[str, Any]]:
         lora = [p for f in self.block.modules.values() for p in (f.A, f.B)]
@@ -201,8 +208,9 @@ class SAPT(Method):
         answer = answer_loss(self.model, batch)  # reported alone: comparable with isolated training's
         loss = answer + self.route_weight * F.cross_entropy(logits, torch.full((len(ids),), self.t))
         s = self.state.settings
-        if self.targets and s.arm_lambda > 0:
-            loss = loss + s.arm_lambda * self.state.arm_loss(self.targets, self.proj, keys)
+        targets = self.state.arm_targets(self.names, self.replay_pooled, self.draws)
+        if targets and s.arm_lambda > 0:
+            loss = loss + s.arm_lambda * self.state.arm_loss(targets, self.proj, keys)
         return loss, answer
 
     def after_backward(self, loop: TrainLoop) -> None:

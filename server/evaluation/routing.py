@@ -190,6 +190,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sapt-lambda", type=float, default=d.sapt.arm_lambda, help="weight of attentive reflection")
     p.add_argument("--sapt-pool", choices=POOLS, default=d.sapt.pool)
     p.add_argument(
+        "--sapt-generated", type=int, default=d.sapt.generated, help="sapt: Gaussian draws per earlier skill (0: off)"
+    )
+    p.add_argument("--sapt-feature-rank", type=int, default=d.sapt.feature_rank, help="sapt: the Gaussian's rank")
+    p.add_argument(
         "--model", type=Path, default=None, help="sapt: local base checkpoint (default: the packaged SmolLM2)"
     )
     p.add_argument(
@@ -212,7 +216,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         white_threshold_percentile=args.white_threshold_percentile,
         white_threshold_margin=args.white_threshold_margin,
         dtkr=replace(d.dtkr, groups=args.groups),
-        sapt=SAPTSettings(steps=args.sapt_steps, arm_lambda=args.sapt_lambda, pool=args.sapt_pool),
+        sapt=SAPTSettings(
+            steps=args.sapt_steps,
+            arm_lambda=args.sapt_lambda,
+            pool=args.sapt_pool,
+            generated=args.sapt_generated,
+            feature_rank=args.sapt_feature_rank,
+        ),
         format=replace(
             d.format,
             enabled=args.format_gate == "on",

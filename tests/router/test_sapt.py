@@ -7,7 +7,7 @@ import torch
 
 from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
 from skillpool.router.formats import FormatModel
-from skillpool.router.sapt import SAPTState
+from skillpool.router.sapt import FeatureStats, SAPTState
 from tests.conftest import read_task
 
 TASKS = ("agnews", "sst-2", "boolqa")
@@ -78,6 +78,56 @@ def test_state_round_trips_through_skill_tensors(pooled) -> None:  # type: ignor
     x = pooled["sst-2"]["test"]
     assert torch.allclose(again.attention(x), state.attention(x), atol=1e-6)
     assert again.mean_attention == state.mean_attention
+    assert again.features.keys() == state.features.keys() == set(TASKS)
+    for n, f in state.features.items():
+        g = again.features[n]
+        assert torch.equal(g.mean, f.mean) and torch.equal(g.factor, f.factor) and g.rest == pytest.approx(f.rest)
+    # skills stored before generative replay have no Gaussian: left out, not an error
+    old = [(n, {k: v for k, v in t.items() if not k.startswith("sapt_feat_")}) for n, t in stored]
+    assert SAPTState.from_skills(state.dim, state.settings, old, state.mean_attention).features == {}
+
+
+def test_feature_stats_fit_the_inputs_gaussian() -> None:
+    g = torch.Generator().manual_seed(0)
+    d, r, n = 20, 3, 4000
+    mean, basis = torch.randn(d, generator=g), torch.randn(d, r, generator=g) * 2
+    x = mean + torch.randn(n, r, generator=g) @ basis.T + 0.3 * torch.randn(n, d, generator=g)
+    stats = FeatureStats.fit(x, rank=r)
+    assert stats.factor.shape == (d, r)
+    want = torch.cov(x.T)
+    got = stats.factor @ stats.factor.T + stats.rest**2 * torch.eye(d)
+    assert torch.allclose(stats.mean, x.mean(0), atol=1e-5)
+    assert (got - want).norm() < 0.05 * want.norm()  # the low-rank part and the isotropic rest
+    draws = stats.sample(n, torch.Generator().manual_seed(1))
+    assert (torch.cov(draws.T) - want).norm() < 0.1 * want.norm()
+    assert (draws.mean(0) - stats.mean).norm() < 4 * (want.trace() / n).sqrt()  # 4 standard errors
+    one = FeatureStats.fit(x[:1], rank=r)  # a single input: a point, not an error
+    assert one.factor.shape == (d, 0) and torch.equal(one.sample(2, g), x[:1].expand(2, -1))
+
+
+def test_generative_replay_keeps_the_first_task_routed(pooler) -> None:  # type: ignore[no-untyped-def]
+    """agnews then dbpedia (the same instruction shape), 2 stored replay inputs as the trainer keeps of 100
+    rows: without draws from agnews' Gaussian, learning dbpedia pulls a quarter of agnews to it."""
+    tasks = ("agnews", "dbpedia")
+    data = {
+        t: {
+            s: pooler([e["route_text"] for e in read_task("long_sequence", t, s, k)])
+            for s, k in (("train", 100), ("test", 50))
+        }
+        for t in tasks
+    }
+    acc = {}
+    for generated in (0, 64):
+        state, replay = SAPTState(pooler.dim, SAPTSettings(generated=generated)), {}
+        for t in tasks:
+            x = data[t]["train"]
+            state = state.learn(t, x[10:], x[:10], replay)
+            replay[t] = x[:2]
+        acc[generated] = [
+            float((state.attention(data[t]["test"]).argmax(-1) == i).float().mean()) for i, t in enumerate(tasks)
+        ]
+    assert min(acc[64]) >= 0.95, acc
+    assert acc[64][0] > acc[0][0], acc  # the first task is what the draws protect
 
 
 def test_router_in_sapt_mode(embedder, pooler) -> None:  # type: ignore[no-untyped-def]
@@ -103,3 +153,10 @@ def test_router_in_sapt_mode(embedder, pooler) -> None:  # type: ignore[no-untyp
             assert all(formats[s] is not None and formats[s].accepts([grams])[0] for s, _ in d.route)
     unrelated = router.route(["Write a haiku about autumn leaves.", "What is 17 times 23?"])
     assert all(d.reason == "below_threshold" for d in unrelated)
+
+
+@pytest.mark.parametrize("field", ["generated", "feature_rank"])
+def test_generative_replay_settings_are_validated(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SAPTSettings(**{field: -1})  # type: ignore[arg-type]
+    SAPTSettings(**{field: 0})  # 0 turns generative replay off (SAPT as published)

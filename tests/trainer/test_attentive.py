@@ -173,7 +173,7 @@ def test_the_answer_loss_alone_moves_the_router(trained) -> None:  # type: ignor
     """No route CE, no ARM: key and projector still move, through the attention weights of the mix."""
     state = dataclasses.replace(trained["state"], settings=dataclasses.replace(SETTINGS, arm_lambda=0.0))
     pooled = trained["pooler"]([e["route_text"] for e in NEW[:4]])
-    start = state.initial_key(state.projector, pooled, 2)
+    start = state.initial_key(state.projector, pooled, [*state.names, "new"])
     cfg = dataclasses.replace(CFG, epochs=1.0)
     result = train_attentive(
         trained["model"],
