@@ -6,8 +6,9 @@ Methods:
   sapt      SAPT attentive learning: the block trains inside the attention mix of every earlier block
             (frozen) with its key and the query projector, plus attentive reflection (trainer/attentive.py).
             Needs the router in sapt mode: serving mixes blocks with that same attention.
-  kif       Recurrent-KIF: the block starts from the most similar blocks (one alone or their router-weighted
-            mix) when that lowers the new task's loss before training, else fresh (trainer/kif.py), and
+  kif       Recurrent-KIF: the block starts from the most similar blocks whose answers are of the new task's
+            kind (label set or free text; one alone or their router-weighted mix) when that lowers the new
+            task's loss before training, else fresh (trainer/kif.py), and
             trains in cycles of inner steps on the task and an outer step on the memory buffer (every
             earlier skill's stored samples), fused through importance masks (trainer/kif.py).
 All three run on one training loop (trainer/loop.py); each is a `Method` with its own hooks.
@@ -38,6 +39,7 @@ from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapt
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
 from .records import Example
+from .scoring import metric_for
 
 log = logging.getLogger(__name__)
 
@@ -223,14 +225,16 @@ class SkillTrainer:
         should_stop: Callable[[], bool] | None,
     ) -> dict[str, Any]:
         """Recurrent-KIF on the new block: seeded from similar blocks, fused against the memory buffer."""
-        seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks)
+        kind = metric_for([e["answer"] for e in train])
+        unlike = self._unlike_answers(name, kind)
+        seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks, unlike)
         encoded = [encode_example(tok, e, cfg.max_seq_len) for e in train]
-        start: dict[str, Any] = {"init_from": seeds}
+        start: dict[str, Any] = {"init_from": seeds, "answers": kind, "unlike_answers": sorted(unlike)}
         if seeds and cfg.kif_start_probe > 0:
             probe = random.Random(cfg.seed).sample(encoded, min(cfg.kif_start_probe, len(encoded)))
             blocks = {n: (self._record(n).adapter(), w) for n, w in seeds.items()}
             choice = choose_start(peft_model, blocks, probe, pad_id(tok), cfg.kif_start_margin)
-            start = {"init_from": choice.blocks, "start_candidates": choice.candidates}
+            start |= {"init_from": choice.blocks, "start_candidates": choice.candidates}
         elif seeds:
             init_from_blocks(peft_model, [(self._record(n).adapter(), w) for n, w in seeds.items()])
         earlier = [rec for rec in self.store.list_latest() if rec.name != name]
@@ -254,15 +258,30 @@ class SkillTrainer:
         )
         return {**start, "memory_examples": len(memory), "memory_skills": len(earlier)}
 
-    def _similar_skills(self, name: str, texts: list[str], k: int, sample: int = 64) -> dict[str, float]:
-        """The k registered skills nearest to these inputs, by mean mix weight (normalized). Ungated: the new
-        task's inputs are unseen, so the open-set and format gates would send most of them to the base model."""
+    def _unlike_answers(self, name: str, kind: str) -> set[str]:
+        """Registered skills whose answers are of another kind than `kind` (a label set, scored by exact match,
+        against free text, scored by ROUGE-L): no start for the new block (issue 18). A label block lowers a
+        free-text task's loss before training only because it makes answers short: on the SuperNI sequence the
+        probe chose one for every free-text task, and sciq scored 8.7 from sentiment140's block, 11.5 fresh."""
+        out = set()
+        for rec in self.store.list_latest():
+            other = (rec.meta.get("eval") or {}).get("metric")
+            if rec.name != name and other is not None and other != kind:
+                out.add(rec.name)
+        return out
+
+    def _similar_skills(
+        self, name: str, texts: list[str], k: int, exclude: set[str] | None = None, sample: int = 64
+    ) -> dict[str, float]:
+        """The k registered skills nearest to these inputs (none of `exclude`), by mean mix weight (normalized).
+        Ungated: the new task's inputs are unseen, so the open-set and format gates would send most of them to
+        the base model."""
         if k <= 0 or not texts:
             return {}
         share: dict[str, float] = {}
         for d in self.router.route(texts[:sample], open_set=False):
             for skill, w in d.route:
-                if skill != name:
+                if skill != name and skill not in (exclude or ()):
                     share[skill] = share.get(skill, 0.0) + w
         top = sorted(share.items(), key=lambda kv: -kv[1])[:k]
         total = sum(w for _, w in top)

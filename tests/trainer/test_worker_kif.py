@@ -13,8 +13,8 @@ from skillpool.trainer.worker import SkillTrainer
 from tests.conftest import dataset_dir
 
 
-def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]
-    lines = (dataset_dir("long_sequence", task) / "train.jsonl").read_bytes().split(b"\n")[:n]
+def examples(task: str, n: int, group: str = "long_sequence") -> list[dict]:  # type: ignore[type-arg]
+    lines = (dataset_dir(group, task) / "train.jsonl").read_bytes().split(b"\n")[:n]
     return parse_jsonl(b"\n".join(lines))
 
 
@@ -35,3 +35,18 @@ def test_kif_scores_the_nearest_block_that_the_gates_would_not_route_to(tiny_bas
     fresh, agnews = (c["loss"] for c in kif["start_candidates"])
     assert kif["init_from"] == ({"agnews": 1.0} if agnews < fresh * 0.98 else {})
     assert rec.meta["training"]["kif"]["memory_skills"] == 1
+    assert kif["answers"] == "exact_match" and kif["unlike_answers"] == []  # both answer from a label set
+
+
+def test_kif_never_starts_a_free_text_task_from_a_label_block(tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder, RouterSettings()), tiny_base)
+    cfg = TrainConfig(epochs=1.0, max_eval_examples=4, max_seq_len=128)
+    first = trainer.run("agnews", examples("agnews", 40), cfg, "isolated", force=True)
+    trainer.router.add_skill(first.name, first.router_tensors())
+    sciq = examples("task591_sciq_answer_generation", 40, "superni")  # free-text answers, scored by ROUGE-L
+    assert trainer._similar_skills("sciq", [e["route_text"] for e in sciq], 3) == {"agnews": 1.0}  # the nearest
+    rec = trainer.run("sciq", sciq, cfg, "kif", force=True)
+    kif = rec.meta["training"]["kif"]
+    assert kif["answers"] == "rouge_l" and kif["unlike_answers"] == ["agnews"]
+    assert kif["init_from"] == {} and "start_candidates" not in kif  # fresh, no probe to run
+    assert kif["memory_skills"] == 1  # the memory buffer still holds every earlier skill
