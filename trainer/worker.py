@@ -62,6 +62,14 @@ def split_examples(
     return train, held, replay, held[: cfg.probe_size]
 
 
+def _unlike_answers(records: list[SkillRecord], kind: str) -> set[str]:
+    """Skills among `records` whose answers are of another kind than `kind` (a label set, scored by exact match,
+    against free text, scored by ROUGE-L): no start for a new kif block (issue 18). A label block lowers a
+    free-text task's loss before training only because it makes answers short: on the SuperNI sequence the
+    probe chose one for every free-text task, and sciq scored 8.7 from sentiment140's block, 11.5 fresh."""
+    return {rec.name for rec in records if (rec.meta.get("eval") or {}).get("metric") not in (None, kind)}
+
+
 def _copy_files(src: Path, dst: Path) -> None:
     for f in src.iterdir():
         shutil.copy2(f, dst / f.name)
@@ -226,7 +234,8 @@ class SkillTrainer:
     ) -> dict[str, Any]:
         """Recurrent-KIF on the new block: seeded from similar blocks, fused against the memory buffer."""
         kind = metric_for([e["answer"] for e in train])
-        unlike = self._unlike_answers(name, kind)
+        earlier = [rec for rec in self.store.list_latest() if rec.name != name]  # one read: starts and memory
+        unlike = _unlike_answers(earlier, kind)
         seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks, unlike)
         encoded = [encode_example(tok, e, cfg.max_seq_len) for e in train]
         start: dict[str, Any] = {"init_from": seeds, "answers": kind, "unlike_answers": sorted(unlike)}
@@ -237,7 +246,6 @@ class SkillTrainer:
             start |= {"init_from": choice.blocks, "start_candidates": choice.candidates}
         elif seeds:
             init_from_blocks(peft_model, [(self._record(n).adapter(), w) for n, w in seeds.items()])
-        earlier = [rec for rec in self.store.list_latest() if rec.name != name]
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in earlier for e in rec.replay()]
         fit_kif(
             peft_model,
@@ -257,18 +265,6 @@ class SkillTrainer:
             should_stop=should_stop,
         )
         return {**start, "memory_examples": len(memory), "memory_skills": len(earlier)}
-
-    def _unlike_answers(self, name: str, kind: str) -> set[str]:
-        """Registered skills whose answers are of another kind than `kind` (a label set, scored by exact match,
-        against free text, scored by ROUGE-L): no start for the new block (issue 18). A label block lowers a
-        free-text task's loss before training only because it makes answers short: on the SuperNI sequence the
-        probe chose one for every free-text task, and sciq scored 8.7 from sentiment140's block, 11.5 fresh."""
-        out = set()
-        for rec in self.store.list_latest():
-            other = (rec.meta.get("eval") or {}).get("metric")
-            if rec.name != name and other is not None and other != kind:
-                out.add(rec.name)
-        return out
 
     def _similar_skills(
         self, name: str, texts: list[str], k: int, exclude: set[str] | None = None, sample: int = 64
