@@ -51,7 +51,9 @@ class TrainConfig:
     quality_max_drop: float = 0.1  # an earlier skill's routed probe score may drop by at most this
     # method kif (trainer/kif.py): Recurrent-KIF
     kif_inner_steps: int = 8  # Q inner steps on the new task per outer step on the memory buffer
-    kif_top_q: float = 0.2  # share of each tensor's coordinates kept by each importance mask
+    # share of each tensor's coordinates kept by each importance mask; 1.0 keeps the whole update: a block here
+    # is its task's own and earlier blocks are frozen, so masking only cut what the new task learns (issue 18)
+    kif_top_q: float = 1.0
     kif_ema_in: float = 0.55  # α: EMA of the new task's importance
     kif_ema_hist: float = 0.55  # β: EMA of the memory's importance
     kif_init_blocks: int = 3  # the new block starts from at most this many similar existing blocks (0: fresh)

@@ -5,6 +5,10 @@ memory batch, and keeps only the important part of each: θ = start + m_in ⊙ �
 masks hold the top share of each tensor's coordinates by EMA-smoothed importance |grad ⊙ θ|. Coordinates
 important to neither fall back to the cycle start, so the new task cannot drift them away from what the
 memory relies on. Only the trainable parameters (the new block) are fused; old blocks stay frozen.
+
+The default share is 1.0, which keeps both updates whole. The paper masks because every task shares one
+model; in skillpool each block is its task's own and earlier blocks are frozen, and a 20% mask starved
+free-text tasks (issue 18). What remains is the start from similar blocks and the memory's outer steps.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ class KIFSettings:
     inner_steps: int = 8  # Q: new-task steps per cycle
     ema_in: float = 0.55  # α, EMA of the new task's importance
     ema_hist: float = 0.55  # β, EMA of the memory's importance
-    top_q: float = 0.2  # share of coordinates kept per tensor by each mask
+    top_q: float = 1.0  # share of coordinates kept per tensor by each mask (see TrainConfig.kif_top_q)
     init_blocks: int = 3  # at most this many similar existing blocks seed the new block
 
     def __post_init__(self) -> None:

@@ -10,7 +10,8 @@ Methods:
             kind (label set or free text; one alone or their router-weighted mix) when that lowers the new
             task's loss before training, else fresh (trainer/kif.py), and
             trains in cycles of inner steps on the task and an outer step on the memory buffer (every
-            earlier skill's stored samples), fused through importance masks (trainer/kif.py).
+            earlier skill's stored samples), fused through importance masks that by default keep the whole
+            update (kif_top_q 1.0: earlier blocks are frozen, nothing for a mask to guard).
 All three run on one training loop (trainer/loop.py); each is a `Method` with its own hooks.
 """
 

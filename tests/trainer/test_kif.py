@@ -9,6 +9,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.kif import KIFSettings, choose_start, fit_kif, init_from_blocks, probe_loss
 from skillpool.trainer.loop import Cancelled, Progress, answer_loss, collate
 from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id
@@ -183,6 +184,34 @@ def test_one_cycle_changes_only_the_masked_coordinates(tiny_base, tok) -> None: 
         assert not torch.allclose(value, start[name] + top(i_in) * (mid - start[name]), atol=1e-7)  # τ_out counts
 
 
+def test_default_fusion_keeps_the_whole_cycle(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    """By default (top_q 1.0) the fusion keeps every coordinate of both updates: θ ends where the cycle's task
+    steps and memory step left it, so the new task's learning is not cut (issue 18: relation extraction 50.4
+    under top_q 0.2 against 88.0 trained alone)."""
+    assert KIFSettings().top_q == 1.0 and TrainConfig().kif_top_q == 1.0
+    model = peft_model(tiny_base, rank=4)
+    start = trainable(model)
+    after: list[dict[str, torch.Tensor]] = []
+    # one cycle of 2 task steps, then the outer step on the memory batch
+    fit_kif(
+        model,
+        encode(tok, TASK_B),
+        encode(tok, TASK_A),
+        pad_id(tok),
+        epochs=1.0,
+        batch_size=2,
+        learning_rate=1e-2,
+        seed=0,
+        settings=KIFSettings(inner_steps=2),
+        on_progress=lambda _: after.append(trainable(model)),
+    )
+    assert len(after) == 3
+    for name, value in trainable(model).items():
+        assert torch.equal(value, after[2][name]), name  # nothing fell back to the cycle start
+        assert not torch.equal(value, start[name])
+        assert not torch.equal(after[2][name], after[1][name])  # and the memory step moved it
+
+
 def test_progress_counts_outer_steps_and_stop_cancels(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
     model = peft_model(tiny_base, rank=2)
     seen: list[Progress] = []
@@ -235,7 +264,7 @@ def test_memory_replay_protects_the_earlier_task(tiny_base, tok) -> None:  # typ
 
     plain, kif, kif_other = learn_b(None), learn_b(a), learn_b(c)
     assert loss_on(kif, a) < loss_on(plain, a)  # KIF forgets less of A than plain training
-    # and not only because masking moves less: replaying a memory of an unrelated task protects A less
+    # and because of what it replays, not because it moves less: a memory of an unrelated task protects A less
     assert loss_on(kif, a) < loss_on(kif_other, a)
     assert loss_on(kif, b) < loss_on(first, b)  # while B is still learned
 
