@@ -49,4 +49,4 @@ def test_kif_never_starts_a_free_text_task_from_a_label_block(tiny_base, embedde
     kif = rec.meta["training"]["kif"]
     assert kif["answers"] == "rouge_l" and kif["unlike_answers"] == ["agnews"]
     assert kif["init_from"] == {} and "start_candidates" not in kif  # fresh, no probe to run
-    assert kif["memory_skills"] == 1  # the memory buffer still holds every earlier skill
+    assert kif["memory_skills"] == 0 and kif["memory_examples"] == 0  # nor are agnews' rows in its memory
