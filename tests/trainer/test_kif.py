@@ -77,6 +77,23 @@ def new_delta(mod: nn.Module) -> torch.Tensor:
     return float(mod.scaling["default"]) * mod.lora_B["default"].weight.detach() @ mod.lora_A["default"].weight.detach()
 
 
+def one_cycle(model: nn.Module, tok, settings: KIFSettings, on_progress) -> None:  # type: ignore[no-untyped-def]
+    """Task B's 4 examples at batch size 2 with task A as memory: with inner_steps=2, exactly one cycle of two
+    task steps, then one outer step."""
+    fit_kif(
+        model,
+        encode(tok, TASK_B),
+        encode(tok, TASK_A),
+        pad_id(tok),
+        epochs=1.0,
+        batch_size=2,
+        learning_rate=1e-2,
+        seed=0,
+        settings=settings,
+        on_progress=on_progress,
+    )
+
+
 def test_init_from_blocks_is_the_best_low_rank_fit_of_the_weighted_mix(tiny_base) -> None:  # type: ignore[no-untyped-def]
     model = peft_model(tiny_base, rank=4)
     paths = sorted(lora_layers(model))
@@ -148,18 +165,7 @@ def test_one_cycle_changes_only_the_masked_coordinates(tiny_base, tok) -> None: 
 
     # 4 examples at batch size 2 = 2 inner steps = exactly one cycle, then one outer step
     settings = KIFSettings(inner_steps=2, top_q=0.2)
-    fit_kif(
-        model,
-        encode(tok, TASK_B),
-        encode(tok, TASK_A),
-        pad_id(tok),
-        epochs=1.0,
-        batch_size=2,
-        learning_rate=1e-2,
-        seed=0,
-        settings=settings,
-        on_progress=on_progress,
-    )
+    one_cycle(model, tok, settings, on_progress)
     assert [p.step for p in seen] == [1, 2, 3] and {p.total for p in seen} == {3}
     assert all(p.tokens > 0 for p in seen) and seen[-1].tokens > seen[0].tokens
     for name, value in trainable(model).items():
@@ -193,18 +199,7 @@ def test_default_fusion_keeps_the_whole_cycle(tiny_base, tok) -> None:  # type: 
     start = trainable(model)
     after: list[dict[str, torch.Tensor]] = []
     # one cycle of 2 task steps, then the outer step on the memory batch
-    fit_kif(
-        model,
-        encode(tok, TASK_B),
-        encode(tok, TASK_A),
-        pad_id(tok),
-        epochs=1.0,
-        batch_size=2,
-        learning_rate=1e-2,
-        seed=0,
-        settings=KIFSettings(inner_steps=2),
-        on_progress=lambda _: after.append(trainable(model)),
-    )
+    one_cycle(model, tok, KIFSettings(inner_steps=2), lambda _: after.append(trainable(model)))
     assert len(after) == 3
     for name, value in trainable(model).items():
         assert torch.equal(value, after[2][name]), name  # nothing fell back to the cycle start
