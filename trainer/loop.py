@@ -179,6 +179,7 @@ class TrainLoop:
         self.sched = warmup_then_decay(self.opt, self.total, schedule.warmup_ratio)
         self.device = next(method.model.parameters()).device
         self.meter = ProgressMeter(self.total, on_progress)
+        self._task_batches = self._batch_ids()  # kept across `run` calls, so a resumed run takes the next batches
 
     def _batch_ids(self) -> Iterator[list[int]]:
         rng = random.Random(self.schedule.seed)
@@ -201,13 +202,15 @@ class TrainLoop:
         self.opt.zero_grad(set_to_none=True)
         self.meter.count(int(batch["attention_mask"].sum()), float(answer.detach()) if report else None)
 
-    def run(self) -> None:
+    def run(self, until: int | None = None) -> None:
+        """Task steps up to `until` (default: all of them); a later call goes on from there, so run(k) then run()
+        is the same training as run() (kif trains candidate starts for a cycle, then resumes the one it keeps)."""
+        stop = self.task_total if until is None else min(until, self.task_total)
         self.method.start()
         try:
-            task_batches = self._batch_ids()
-            while self.task_steps < self.task_total:
+            while self.task_steps < stop:
                 self.method.before_task_step(self)
-                ids = next(task_batches)
+                ids = next(self._task_batches)
                 self.step([self.encoded[i] for i in ids], ids)
                 self.task_steps += 1
                 self.method.after_task_step(self)

@@ -105,3 +105,20 @@ def test_cancel_and_empty_input() -> None:
     assert len(progress) == 2 and not model.training  # two steps done, the method finished
     with pytest.raises(ValueError, match="nothing to train on"):
         TrainLoop(Method(model), [], 0, SCHEDULE)
+
+
+def test_a_run_in_two_parts_is_the_same_training() -> None:
+    """kif trains a candidate start for its first cycle, then resumes it: run(k) then run() must equal run()."""
+    data = examples(10)
+    whole, parts = peft_model(), peft_model()
+    TrainLoop(Recording(whole, data), data, 0, SCHEDULE).run()
+    loop = TrainLoop(Recording(parts, data), data, 0, SCHEDULE)
+    loop.run(until=2)
+    assert loop.task_steps == 2 and not parts.training
+    halfway = trainable(parts)
+    assert any(not torch.equal(halfway[n], v) for n, v in trainable(whole).items())  # not there yet
+    loop.run()
+    assert loop.task_steps == loop.task_total
+    assert all(torch.equal(trainable(whole)[n], v) for n, v in trainable(parts).items())
+    loop.run(until=100)  # past the end: nothing more to do
+    assert loop.task_steps == loop.task_total
