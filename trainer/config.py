@@ -59,6 +59,9 @@ class TrainConfig:
     kif_init_blocks: int = 3  # the new block starts from at most this many similar existing blocks (0: fresh)
     kif_start_probe: int = 16  # new-task rows that score the candidate starts (0: always the blocks' mix)
     kif_start_margin: float = 0.02  # a start from blocks must beat fresh's probe loss by this share
+    # the probe's pick and fresh each train this many cycles, then the lower held-out loss (by the margin) trains
+    # on: a loss before any step favours blocks that only teach the answer format (0: the probe's pick stands)
+    kif_start_trial: int = 1
     # method sapt (trainer/attentive.py)
     sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss
 
@@ -101,6 +104,7 @@ class TrainConfig:
             "quality_max_drop",
             "kif_init_blocks",
             "kif_start_probe",
+            "kif_start_trial",
             "sapt_route_weight",
         ):
             if getattr(self, name) < 0:
@@ -119,7 +123,7 @@ class TrainConfig:
         upper = {"learning_rate": 1.0, "alpha": 1e4, "max_seq_len": 32768, "max_eval_examples": 100_000}
         upper |= {"probe_size": 10_000, "quality_z": 10.0, "kif_init_blocks": 64, "sapt_route_weight": 1e3}
         upper |= {"quality_max_drop": 1.0, "weight_decay": 10.0, "kif_inner_steps": 1000}
-        upper |= {"kif_start_probe": 10_000}
+        upper |= {"kif_start_probe": 10_000, "kif_start_trial": 1000}
         for name, most in upper.items():
             if getattr(self, name) > most:
                 raise ConfigError(f"config.{name}", f"must be <= {most:g}")

@@ -14,7 +14,7 @@ free-text tasks (issue 18). What remains is the start from similar blocks and th
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from skillpool.adapters_store.lora import LoRAAdapter, mix_delta
 
-from .loop import Encoded, Method, Progress, Schedule, TrainLoop, answer_loss, collate
+from .loop import Encoded, Method, Progress, ProgressMeter, Schedule, TrainLoop, answer_loss, collate
 
 ADAPTER = "default"  # the PEFT adapter name add_lora trains
 PEFT_PREFIX = "base_model.model."  # PEFT module names = this + the base model's module path
@@ -151,13 +151,15 @@ def choose_start(
     probe: Sequence[Encoded],
     pad_token_id: int,
     margin: float,
+    apply: bool = True,
 ) -> StartChoice:
     """Seed the new block from earlier blocks only where that helps the new task (issue 18: starting from
     the nearest blocks transferred negatively on tasks they did not help). Every candidate start is scored
     by its answer loss on `probe`, rows of the new task seen before any training step; the best one wins
     if its loss is below fresh's by the relative `margin`, else the block starts fresh (PEFT's init,
     restored exactly). A block of the same format but another label set is confidently wrong on the new
-    task, so its loss is above fresh's rather than below.
+    task, so its loss is above fresh's rather than below. `apply` False leaves the model at fresh (for a
+    `StartTrial` of the choice against fresh).
     """
     layers = [_factors(layer) for _, layer in _lora_layers(peft_model)]
     fresh = [(a.detach().clone(), b.detach().clone()) for a, b, _ in layers]
@@ -177,7 +179,8 @@ def choose_start(
     best = min(scored[1:], key=lambda c: cast(float, c["loss"]), default=scored[0])
     chosen = cast(dict[str, float], best["blocks"]) if cast(float, best["loss"]) < fresh_loss * (1 - margin) else {}
     reset()
-    init_from_blocks(peft_model, [(seeds[name][0], w) for name, w in chosen.items()])
+    if apply:
+        init_from_blocks(peft_model, [(seeds[name][0], w) for name, w in chosen.items()])
     return StartChoice(chosen, scored)
 
 
@@ -241,6 +244,21 @@ class KIF(Method):
                 p.copy_(s + tau_in * _top_mask(i_in, q) + tau_out * _top_mask(i_hist, q))  # both add where both hold
 
 
+def _kif_loop(
+    peft_model: nn.Module,
+    new: Sequence[Encoded],
+    memory: Sequence[Encoded],
+    pad_token_id: int,
+    schedule: Schedule,
+    settings: KIFSettings,
+    on_progress: Callable[[Progress], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> TrainLoop:
+    # nothing to protect without memory: KIF would only mask away useful updates
+    method = KIF(peft_model, memory, settings, schedule.seed) if memory else Method(peft_model)
+    return TrainLoop(method, new, pad_token_id, schedule, on_progress, should_stop)
+
+
 def fit_kif(
     peft_model: nn.Module,
     new: Sequence[Encoded],
@@ -264,7 +282,77 @@ def fit_kif(
     `peft_model` with train mode off.
     """
     schedule = Schedule(epochs, batch_size, learning_rate, seed, weight_decay, warmup_ratio)
-    # nothing to protect without memory: KIF would only mask away useful updates
-    method = KIF(peft_model, memory, settings, seed) if memory else Method(peft_model)
-    TrainLoop(method, new, pad_token_id, schedule, on_progress, should_stop).run()
+    _kif_loop(peft_model, new, memory, pad_token_id, schedule, settings, on_progress, should_stop).run()
     return peft_model
+
+
+@dataclass(frozen=True)
+class StartTrial:
+    """Finalist starts for a kif block, each trained for the run's first `cycles` cycles and then judged by
+    answer loss on `held_out` rows of the new task (issue 18). A loss before any step favours any block that
+    teaches the answer format, which a fresh block also learns in its first steps: on the yelp sequence rte
+    started from boolqa's block (True/False) and ended at 42 against 50 trained alone."""
+
+    blocks: Mapping[str, LoRAAdapter]
+    starts: Sequence[dict[str, float]]  # {} is fresh (the PEFT init the model holds on entry)
+    held_out: Sequence[Encoded]
+    margin: float  # a start other than the first must beat the first's loss by this share
+    cycles: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.starts or not self.held_out or self.cycles < 1:
+            raise ValueError("a start trial needs starts, held-out rows and cycles >= 1")
+
+
+def fit_kif_best_start(
+    peft_model: nn.Module,
+    new: Sequence[Encoded],
+    memory: Sequence[Encoded],
+    pad_token_id: int,
+    trial: StartTrial,
+    *,
+    epochs: float,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    weight_decay: float = 0.0,
+    warmup_ratio: float = 0.0,
+    settings: KIFSettings = KIFSettings(),
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[dict[str, object]]:
+    """`fit_kif` from the best of `trial.starts`: each start trains the run's first cycles, the one with the
+    lowest held-out loss (the first unless another beats it by `trial.margin`) then trains on from where its
+    trial left it, so its run is the same as training from it alone. Returns every start's blocks and held-out
+    loss, the kept one marked `"kept": True`."""
+    schedule = Schedule(epochs, batch_size, learning_rate, seed, weight_decay, warmup_ratio)
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    fresh = [p.detach().clone() for p in params]
+
+    def restore(values: Sequence[Tensor]) -> None:
+        with torch.no_grad():
+            for p, v in zip(params, values, strict=True):
+                p.copy_(v)
+
+    runs: list[tuple[TrainLoop, list[Tensor], float]] = []
+    meter: ProgressMeter | None = None
+    for blocks in trial.starts:
+        restore(fresh)
+        init_from_blocks(peft_model, [(trial.blocks[name], w) for name, w in blocks.items()])
+        loop = _kif_loop(peft_model, new, memory, pad_token_id, schedule, settings, on_progress, should_stop)
+        until = min(trial.cycles * settings.inner_steps, loop.task_total)
+        if meter is None:  # one progress count over every trial and the rest of the kept run
+            meter = ProgressMeter(loop.total + (len(trial.starts) - 1) * loop.method.total_steps(until), on_progress)
+        loop.meter = meter
+        loop.run(until)
+        runs.append((loop, [p.detach().clone() for p in params], probe_loss(peft_model, trial.held_out, pad_token_id)))
+    first = runs[0][2]
+    best = min(range(1, len(runs)), key=lambda i: runs[i][2], default=0)
+    kept = best if runs[best][2] < first * (1 - trial.margin) else 0
+    loop, values, _ = runs[kept]
+    restore(values)
+    loop.run()
+    return [
+        {"blocks": blocks, "held_out_loss": loss, **({"kept": True} if i == kept else {})}
+        for i, (blocks, (_, _, loss)) in enumerate(zip(trial.starts, runs, strict=True))
+    ]

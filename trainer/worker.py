@@ -35,7 +35,7 @@ from skillpool.router import Router
 from .attentive import train_attentive
 from .config import TrainConfig, method_error
 from .judge import Judge, LocalJudge
-from .kif import KIFSettings, choose_start, fit_kif, init_from_blocks
+from .kif import KIFSettings, StartTrial, choose_start, fit_kif, fit_kif_best_start, init_from_blocks
 from .loop import Progress
 from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapter
 from .pseudo import GeneratorConfig, pseudo_replay
@@ -185,7 +185,7 @@ class SkillTrainer:
                     router_meta["sapt_attention"] = mean_attention
                 peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
                 if method == "kif":
-                    training["kif"] = self._train_kif(name, peft_model, tok, train, cfg, on_progress, should_stop)
+                    training["kif"] = self._train_kif(name, peft_model, tok, train, held, cfg, on_progress, should_stop)
                 else:
                     fit_config(peft_model, tok, train, cfg, on_progress, should_stop)
                 save_adapter(peft_model, folder, self.base.model_id)
@@ -231,45 +231,55 @@ class SkillTrainer:
         peft_model: Any,
         tok: Any,
         train: list[Example],
+        held: list[Example],
         cfg: TrainConfig,
         on_progress: Callable[[Progress], None] | None,
         should_stop: Callable[[], bool] | None,
     ) -> dict[str, Any]:
-        """Recurrent-KIF on the new block: seeded from similar blocks, fused against the memory buffer."""
+        """Recurrent-KIF on the new block: seeded from similar blocks where that helps the held-out rows after a
+        cycle, fused against the memory buffer."""
         kind = metric_for([e["answer"] for e in train])
         earlier = [rec for rec in self.store.list_latest() if rec.name != name]  # one read: starts and memory
         unlike = _unlike_answers(earlier, kind)
         seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks, unlike)
         encoded = [encode_example(tok, e, cfg.max_seq_len) for e in train]
+        held_out = [encode_example(tok, e, cfg.max_seq_len) for e in held]
+        can_trial = cfg.kif_start_trial > 0 and bool(held_out)
         start: dict[str, Any] = {"init_from": seeds, "answers": kind, "unlike_answers": sorted(unlike)}
+        trial: StartTrial | None = None
         if seeds and cfg.kif_start_probe > 0:
             probe = random.Random(cfg.seed).sample(encoded, min(cfg.kif_start_probe, len(encoded)))
             blocks = {n: (self._record(n).adapter(), w) for n, w in seeds.items()}
-            choice = choose_start(peft_model, blocks, probe, pad_id(tok), cfg.kif_start_margin)
+            choice = choose_start(peft_model, blocks, probe, pad_id(tok), cfg.kif_start_margin, apply=not can_trial)
             start |= {"init_from": choice.blocks, "start_candidates": choice.candidates}
+            if choice.blocks and can_trial:  # the probe's pick against fresh, judged again after training
+                adapters = {n: blocks[n][0] for n in choice.blocks}
+                trial = StartTrial(adapters, [{}, choice.blocks], held_out, cfg.kif_start_margin, cfg.kif_start_trial)
         elif seeds:
             init_from_blocks(peft_model, [(self._record(n).adapter(), w) for n, w in seeds.items()])
         # the memory holds only skills of the new task's answer kind: label rows replayed into a free-text block
         # pull it toward short answers (SuperNI: sciq 12.7 with sst-2's and sentiment140's rows, 13.5 alone)
         remembered = [rec for rec in earlier if rec.name not in unlike]
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in remembered for e in rec.replay()]
-        fit_kif(
-            peft_model,
-            encoded,
-            memory,
-            pad_id(tok),
-            epochs=cfg.epochs,
-            batch_size=cfg.batch_size,
-            learning_rate=cfg.learning_rate,
-            seed=cfg.seed,
-            weight_decay=cfg.weight_decay,
-            warmup_ratio=cfg.warmup_ratio,
-            settings=KIFSettings(
+        run: dict[str, Any] = {
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "learning_rate": cfg.learning_rate,
+            "seed": cfg.seed,
+            "weight_decay": cfg.weight_decay,
+            "warmup_ratio": cfg.warmup_ratio,
+            "settings": KIFSettings(
                 cfg.kif_inner_steps, cfg.kif_ema_in, cfg.kif_ema_hist, cfg.kif_top_q, cfg.kif_init_blocks
             ),
-            on_progress=on_progress,
-            should_stop=should_stop,
-        )
+            "on_progress": on_progress,
+            "should_stop": should_stop,
+        }
+        if trial is None:
+            fit_kif(peft_model, encoded, memory, pad_id(tok), **run)
+        else:
+            finalists = fit_kif_best_start(peft_model, encoded, memory, pad_id(tok), trial, **run)
+            kept = next(f["blocks"] for f in finalists if f.get("kept"))
+            start |= {"init_from": kept, "start_trial": finalists}
         return {**start, "memory_examples": len(memory), "memory_skills": len(remembered)}
 
     def _similar_skills(

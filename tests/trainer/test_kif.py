@@ -10,7 +10,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.kif import KIFSettings, choose_start, fit_kif, init_from_blocks, probe_loss
+from skillpool.trainer.kif import (
+    KIFSettings,
+    StartTrial,
+    choose_start,
+    fit_kif,
+    fit_kif_best_start,
+    init_from_blocks,
+    probe_loss,
+)
 from skillpool.trainer.loop import Cancelled, Progress, answer_loss, collate
 from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id
 
@@ -292,6 +300,45 @@ def test_choose_start_takes_a_block_that_fits_and_refuses_one_that_hurts(tiny_ba
     # the margin: a block must beat fresh by that share, not by any amount
     strict = choose_start(peft_model(tiny_base, rank=4, seed=1), {"a": (block_a, 1.0)}, a, pad_id(tok), margin=0.99)
     assert strict.blocks == {}
+
+
+def test_start_trial_keeps_the_start_that_trains_better_and_resumes_it(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    a, memory = encode(tok, TASK_A), encode(tok, TASK_C)
+    first = peft_model(tiny_base, rank=4)
+    fit(first, a, pad_id(tok), epochs=20.0, batch_size=4, learning_rate=5e-2, seed=0)
+    blocks = {"a": block_of(first), "noise": random_adapter(first, rank=4, scaling=8.0, seed=5)}
+    # 4 task steps at batch size 2 in cycles of 2: 2 outer steps; the trial is the first cycle (2 + 1 steps)
+    args = {"epochs": 2.0, "batch_size": 2, "learning_rate": 1e-2, "seed": 0, "settings": KIFSettings(inner_steps=2)}
+
+    def alone(seed: int, start: dict[str, float]) -> dict[str, torch.Tensor]:
+        model = peft_model(tiny_base, rank=4, seed=seed)
+        init_from_blocks(model, [(blocks[n], w) for n, w in start.items()])
+        fit_kif(model, a, memory, pad_id(tok), **args)  # type: ignore[arg-type]
+        return trainable(model)
+
+    model, seen = peft_model(tiny_base, rank=4, seed=1), []
+    trial = StartTrial(blocks, [{}, {"a": 1.0}], a, margin=0.02)
+    finalists = fit_kif_best_start(model, a, memory, pad_id(tok), trial, on_progress=seen.append, **args)  # type: ignore[arg-type]
+    assert [f["blocks"] for f in finalists] == [{}, {"a": 1.0}]
+    fresh_loss, a_loss = (float(f["held_out_loss"]) for f in finalists)  # type: ignore[arg-type]
+    assert a_loss < fresh_loss * 0.98 and finalists[1]["kept"] is True and "kept" not in finalists[0]
+    kept = trainable(model)
+    for name, value in alone(1, {"a": 1.0}).items():  # resumed after its trial: the same as training from it alone
+        assert torch.allclose(kept[name], value, atol=1e-6), name
+    assert [p.step for p in seen] == list(range(1, 10)) and {p.total for p in seen} == {9}  # 6 kept + 3 tried
+
+    model = peft_model(tiny_base, rank=4, seed=2)
+    trial = StartTrial(blocks, [{}, {"noise": 1.0}], a, margin=0.02)
+    refused = fit_kif_best_start(model, a, memory, pad_id(tok), trial, **args)  # type: ignore[arg-type]
+    assert refused[0]["kept"] is True and "kept" not in refused[1]
+    # the noise start is not 2% better than fresh after its cycle, so fresh trains on
+    assert float(refused[1]["held_out_loss"]) >= 0.98 * float(refused[0]["held_out_loss"])  # type: ignore[arg-type]
+    kept = trainable(model)
+    for name, value in alone(2, {}).items():  # fresh again, from PEFT's init restored bit for bit
+        assert torch.allclose(kept[name], value, atol=1e-6), name
+
+    with pytest.raises(ValueError, match="held-out rows"):
+        StartTrial(blocks, [{}], [], margin=0.02)
 
 
 @pytest.mark.parametrize(
