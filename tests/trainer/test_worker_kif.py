@@ -57,3 +57,31 @@ def test_kif_never_starts_a_free_text_task_from_a_label_block(tiny_base, embedde
     assert kif["answers"] == "rouge_l" and kif["unlike_answers"] == ["agnews"]
     assert kif["init_from"] == {} and "start_candidates" not in kif  # fresh, no probe to run
     assert kif["memory_skills"] == 0 and kif["memory_examples"] == 0  # nor are agnews' rows in its memory
+
+
+def test_kif_trains_the_probes_pick_beside_fresh_for_a_cycle_and_keeps_the_better(
+    tiny_base, embedder, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder, RouterSettings()), tiny_base)
+    cfg = TrainConfig(epochs=1.0, max_eval_examples=4, max_seq_len=128, kif_start_margin=0.0)  # any gain picks
+    first = trainer.run("agnews", examples("agnews", 40), cfg, "isolated", force=True)
+    trainer.router.add_skill(first.name, first.router_tensors())
+    dbpedia = examples("dbpedia", 40)
+    steps: list[tuple[int, int]] = []
+    rec = trainer.run("dbpedia", dbpedia, cfg, "kif", on_progress=lambda p: steps.append((p.step, p.total)), force=True)
+    kif = rec.meta["training"]["kif"]
+    fresh, agnews = (c["loss"] for c in kif["start_candidates"])
+    assert agnews < fresh  # the probe picks agnews' block ...
+    finalists = kif["start_trial"]  # ... which then trains a cycle beside fresh, judged on the 4 held-out rows
+    assert [f["blocks"] for f in finalists] == [{}, {"agnews": 1.0}]
+    best = min(finalists, key=lambda f: f["held_out_loss"])
+    assert [f.get("kept", False) for f in finalists] == [f is best for f in finalists]
+    assert kif["init_from"] == best["blocks"]
+    # 36 rows at batch 8: 5 task steps and 1 outer step, after the other start's cycle (5 + 1: one partial cycle)
+    assert steps == [(i, 12) for i in range(1, 13)]
+
+    untried = trainer.run(
+        "dbpedia-2", dbpedia, TrainConfig(**{**cfg.to_dict(), "kif_start_trial": 0}), "kif", force=True
+    )
+    assert untried.meta["training"]["kif"]["init_from"] == {"agnews": 1.0}  # 0: the probe's pick stands
+    assert "start_trial" not in untried.meta["training"]["kif"]
