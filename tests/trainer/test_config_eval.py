@@ -32,6 +32,9 @@ def test_defaults_and_overrides() -> None:
         ({"seed": -1}, "config.seed"),
         ({"kif_start_probe": -1}, "config.kif_start_probe"),
         ({"kif_start_margin": 1.0}, "config.kif_start_margin"),
+        ({"kif_start_trial": -1}, "config.kif_start_trial"),
+        ({"kif_start_trial": 1001}, "config.kif_start_trial"),
+        ({"kif_start_trial": 0.5}, "config.kif_start_trial"),
     ],
 )
 def test_bad_hyperparameters_name_the_field(raw: dict, param: str) -> None:
