@@ -59,9 +59,9 @@ class TrainConfig:
     kif_init_blocks: int = 3  # the new block starts from at most this many similar existing blocks (0: fresh)
     kif_start_probe: int = 16  # new-task rows that score the candidate starts (0: always the blocks' mix)
     kif_start_margin: float = 0.02  # a start from blocks must beat fresh's probe loss by this share
-    # the probe's pick and fresh each train this many cycles, then the lower held-out loss (by the margin) trains
-    # on: a loss before any step favours blocks that only teach the answer format (0: the probe's pick stands)
-    kif_start_trial: int = 1
+    # > 0: the probe's pick and fresh each train this many cycles, then the lower held-out loss (by the margin)
+    # trains on. Off by default: on the README sequence it kept qqp fresh (48) where mnli's block gave 70
+    kif_start_trial: int = 0
     # method sapt (trainer/attentive.py)
     sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss
 
