@@ -282,7 +282,7 @@ def fit_kif(
     `peft_model` with train mode off.
     """
     schedule = Schedule(epochs, batch_size, learning_rate, seed, weight_decay, warmup_ratio)
-    _kif_loop(peft_model, new, memory, pad_token_id, schedule, settings, on_progress, should_stop).run()
+    train_kif(peft_model, new, memory, pad_token_id, schedule, settings, None, on_progress, should_stop)
     return peft_model
 
 
@@ -304,28 +304,25 @@ class StartTrial:
             raise ValueError("a start trial needs starts, held-out rows and cycles >= 1")
 
 
-def fit_kif_best_start(
+def train_kif(
     peft_model: nn.Module,
     new: Sequence[Encoded],
     memory: Sequence[Encoded],
     pad_token_id: int,
-    trial: StartTrial,
-    *,
-    epochs: float,
-    batch_size: int,
-    learning_rate: float,
-    seed: int,
-    weight_decay: float = 0.0,
-    warmup_ratio: float = 0.0,
+    schedule: Schedule,
     settings: KIFSettings = KIFSettings(),
+    trial: StartTrial | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[dict[str, object]]:
-    """`fit_kif` from the best of `trial.starts`: each start trains the run's first cycles, the one with the
+    """`fit_kif` for a `Schedule`. Without a `trial` it trains from the start the model holds and returns [].
+    With one, from the best of `trial.starts`: each start trains the run's first cycles, the one with the
     lowest held-out loss (the first unless another beats it by `trial.margin`) then trains on from where its
     trial left it, so its run is the same as training from it alone. Returns every start's blocks and held-out
     loss, the kept one marked `"kept": True`."""
-    schedule = Schedule(epochs, batch_size, learning_rate, seed, weight_decay, warmup_ratio)
+    if trial is None:
+        _kif_loop(peft_model, new, memory, pad_token_id, schedule, settings, on_progress, should_stop).run()
+        return []
     params = [p for p in peft_model.parameters() if p.requires_grad]
     fresh = [p.detach().clone() for p in params]
 

@@ -35,9 +35,9 @@ from skillpool.router import Router
 from .attentive import train_attentive
 from .config import TrainConfig, method_error
 from .judge import Judge, LocalJudge
-from .kif import KIFSettings, StartTrial, choose_start, fit_kif, fit_kif_best_start, init_from_blocks
+from .kif import KIFSettings, StartTrial, choose_start, init_from_blocks, train_kif
 from .loop import Progress
-from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapter
+from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapter, schedule_of
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
 from .records import Example
@@ -261,23 +261,14 @@ class SkillTrainer:
         # pull it toward short answers (SuperNI: sciq 12.7 with sst-2's and sentiment140's rows, 13.5 alone)
         remembered = [rec for rec in earlier if rec.name not in unlike]
         memory = [encode_example(tok, e, cfg.max_seq_len) for rec in remembered for e in rec.replay()]
-        run: dict[str, Any] = {
-            "epochs": cfg.epochs,
-            "batch_size": cfg.batch_size,
-            "learning_rate": cfg.learning_rate,
-            "seed": cfg.seed,
-            "weight_decay": cfg.weight_decay,
-            "warmup_ratio": cfg.warmup_ratio,
-            "settings": KIFSettings(
-                cfg.kif_inner_steps, cfg.kif_ema_in, cfg.kif_ema_hist, cfg.kif_top_q, cfg.kif_init_blocks
-            ),
-            "on_progress": on_progress,
-            "should_stop": should_stop,
-        }
-        if trial is None:
-            fit_kif(peft_model, encoded, memory, pad_id(tok), **run)
-        else:
-            finalists = fit_kif_best_start(peft_model, encoded, memory, pad_id(tok), trial, **run)
+        settings = KIFSettings(
+            cfg.kif_inner_steps, cfg.kif_ema_in, cfg.kif_ema_hist, cfg.kif_top_q, cfg.kif_init_blocks
+        )
+        schedule = schedule_of(cfg)
+        finalists = train_kif(
+            peft_model, encoded, memory, pad_id(tok), schedule, settings, trial, on_progress, should_stop
+        )
+        if finalists:
             kept = next(f["blocks"] for f in finalists if f.get("kept"))
             start |= {"init_from": kept, "start_trial": finalists}
         return {**start, "memory_examples": len(memory), "memory_skills": len(remembered)}

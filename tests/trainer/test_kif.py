@@ -15,11 +15,11 @@ from skillpool.trainer.kif import (
     StartTrial,
     choose_start,
     fit_kif,
-    fit_kif_best_start,
     init_from_blocks,
     probe_loss,
+    train_kif,
 )
-from skillpool.trainer.loop import Cancelled, Progress, answer_loss, collate
+from skillpool.trainer.loop import Cancelled, Progress, Schedule, answer_loss, collate
 from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id
 
 TARGETS = ("q_proj", "v_proj")
@@ -308,7 +308,8 @@ def test_start_trial_keeps_the_start_that_trains_better_and_resumes_it(tiny_base
     fit(first, a, pad_id(tok), epochs=20.0, batch_size=4, learning_rate=5e-2, seed=0)
     blocks = {"a": block_of(first), "noise": random_adapter(first, rank=4, scaling=8.0, seed=5)}
     # 4 task steps at batch size 2 in cycles of 2: 2 outer steps; the trial is the first cycle (2 + 1 steps)
-    args = {"epochs": 2.0, "batch_size": 2, "learning_rate": 1e-2, "seed": 0, "settings": KIFSettings(inner_steps=2)}
+    schedule, settings = Schedule(epochs=2.0, batch_size=2, learning_rate=1e-2, seed=0), KIFSettings(inner_steps=2)
+    args = {"epochs": 2.0, "batch_size": 2, "learning_rate": 1e-2, "seed": 0, "settings": settings}  # fit_kif's
 
     def alone(seed: int, start: dict[str, float]) -> dict[str, torch.Tensor]:
         model = peft_model(tiny_base, rank=4, seed=seed)
@@ -318,7 +319,7 @@ def test_start_trial_keeps_the_start_that_trains_better_and_resumes_it(tiny_base
 
     model, seen = peft_model(tiny_base, rank=4, seed=1), []
     trial = StartTrial(blocks, [{}, {"a": 1.0}], a, margin=0.02)
-    finalists = fit_kif_best_start(model, a, memory, pad_id(tok), trial, on_progress=seen.append, **args)  # type: ignore[arg-type]
+    finalists = train_kif(model, a, memory, pad_id(tok), schedule, settings, trial, on_progress=seen.append)
     assert [f["blocks"] for f in finalists] == [{}, {"a": 1.0}]
     fresh_loss, a_loss = (float(f["held_out_loss"]) for f in finalists)  # type: ignore[arg-type]
     assert a_loss < fresh_loss * 0.98 and finalists[1]["kept"] is True and "kept" not in finalists[0]
@@ -329,7 +330,7 @@ def test_start_trial_keeps_the_start_that_trains_better_and_resumes_it(tiny_base
 
     model = peft_model(tiny_base, rank=4, seed=2)
     trial = StartTrial(blocks, [{}, {"noise": 1.0}], a, margin=0.02)
-    refused = fit_kif_best_start(model, a, memory, pad_id(tok), trial, **args)  # type: ignore[arg-type]
+    refused = train_kif(model, a, memory, pad_id(tok), schedule, settings, trial)
     assert refused[0]["kept"] is True and "kept" not in refused[1]
     # the noise start is not 2% better than fresh after its cycle, so fresh trains on
     assert float(refused[1]["held_out_loss"]) >= 0.98 * float(refused[0]["held_out_loss"])  # type: ignore[arg-type]
