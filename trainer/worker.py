@@ -243,8 +243,8 @@ class SkillTrainer:
         unlike = _unlike_answers(earlier, kind)
         seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks, unlike)
         encoded = [encode_example(tok, e, cfg.max_seq_len) for e in train]
-        held_out = [encode_example(tok, e, cfg.max_seq_len) for e in held]
-        can_trial = cfg.kif_start_trial > 0 and bool(held_out)
+        held_out = [encode_example(tok, e, cfg.max_seq_len) for e in held] if cfg.kif_start_trial > 0 else []
+        can_trial = bool(held_out)  # the trial is on and has rows to judge by
         start: dict[str, Any] = {"init_from": seeds, "answers": kind, "unlike_answers": sorted(unlike)}
         trial: StartTrial | None = None
         if seeds and cfg.kif_start_probe > 0:
