@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from skillpool.trainer.config import TrainConfig
 
+from .continual_metrics import row_mean
+
 if TYPE_CHECKING:
     from skillpool.trainer.records import Example
 
@@ -57,33 +59,37 @@ class Baselines:
         self.train_s += time.perf_counter() - t0
         self.tokens += last[0]
 
-    def score(self, peft_model: Any, task: Task) -> float:
+    def row_scores(self, peft_model: Any, task: Task) -> list[float]:
         from skillpool.trainer.scoring import generate_greedy
 
-        return task.score(generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
+        return task.row_scores(generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
 
-    def seq(self, tasks: list[Task]) -> list[list[float | None]]:
+    def seq(self, tasks: list[Task]) -> tuple[list[list[float | None]], list[list[float]]]:
+        """The score matrix of one LoRA trained on the tasks in turn, and its final row's per-row scores."""
         model = self._fresh()
         matrix: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
+        final: list[list[float]] = []
         for j, task in enumerate(tasks):
             self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
-            for i in range(j + 1):
-                matrix[j][i] = self.score(model, tasks[i])
-        return matrix
+            final = [self.row_scores(model, tasks[i]) for i in range(j + 1)]
+            for i, rows in enumerate(final):
+                matrix[j][i] = row_mean(rows)
+        return matrix, final
 
-    def mtl(self, tasks: list[Task]) -> list[float]:
+    def mtl(self, tasks: list[Task]) -> list[list[float]]:
+        """Per-row scores on every task of one LoRA trained on all of them jointly."""
         import random
 
         joint = [e for t in tasks for e in t.train]
         random.Random(self.cfg.seed).shuffle(joint)
         model = self._fresh()
         self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
-        return [self.score(model, t) for t in tasks]
+        return [self.row_scores(model, t) for t in tasks]
 
     def single(self, tasks: list[Task]) -> list[float]:
         out = []
         for task in tasks:
             model = self._fresh()
             self._fit(model, task.train, f"single {task.name}")
-            out.append(self.score(model, task))
+            out.append(row_mean(self.row_scores(model, task)))
         return out

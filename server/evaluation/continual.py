@@ -7,7 +7,9 @@ stored blocks are frozen, so a forced block scores the same at every later step 
 Baselines come from the same backbone, data split and hyperparameters, trained in this process after
 the server stops: `seq` one LoRA fine-tuned on the tasks in turn, `mtl` one LoRA on all tasks jointly.
 FWT needs ã_i (task i trained alone): the isolated method's oracle diagonal; for other methods it is
-read from an isolated run's JSON (--reference) or trained here.
+read from an isolated run's JSON (--reference) or trained here. The final row's per-row scores are kept
+(`row_scores`), so every AP comes with a bootstrap interval and the method's AP minus each baseline's with a
+paired one (`vs_baselines`): all sides answer the same test rows.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from typing import Any
 from skillpool.trainer.config import METHODS, TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.records import Example, JobStatus
-from skillpool.trainer.scoring import mean_score, metric_for
+from skillpool.trainer.scoring import metric_for, score
 from skillpool.trainer.worker import split_examples
 
 from .baselines import Baselines
-from .continual_metrics import ap_curve, auto_vs_forced, cl_metrics
+from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, row_mean
 from .continual_report import plot, print_table
 from .tasks import task_lines
 
@@ -46,9 +48,9 @@ class Task:
     metric: str
     budget: int = 16  # max new tokens when answering
 
-    def score(self, answers: list[str]) -> float:
-        """Percent score of the answers to the test rows, by the task's metric."""
-        return 100 * mean_score(self.metric, answers, [e["answer"] for e in self.test])
+    def row_scores(self, answers: list[str]) -> list[float]:
+        """Each test row's score in points (0-100), by the task's metric."""
+        return [100 * score(self.metric, a, e["answer"]) for a, e in zip(answers, self.test, strict=True)]
 
 
 def _read_rows(folder: Path, split: str, limit: int | None) -> bytes:
@@ -120,6 +122,7 @@ def run_server_sequence(
     matrix: list[list[float | None]] = [[None] * t for _ in range(t)]
     oracle: list[list[float | None]] = [[None] * t for _ in range(t)]
     routed: list[list[float | None]] = [[None] * t for _ in range(t)]
+    rows: dict[str, list[list[float]]] = {"auto": [], "oracle": []}  # the final row's per-row scores
     jobs: list[dict[str, Any]] = []
     eval_s = 0.0
     with ServerProcess(data_dir, extra) as srv:
@@ -148,11 +151,15 @@ def run_server_sequence(
             t0 = time.perf_counter()
             for i in range(j + 1):  # model=auto: what a user gets, after every task
                 answers, headers = _ask(client, "auto", tasks[i], args.concurrency)
-                matrix[j][i] = tasks[i].score(answers)
+                scored = tasks[i].row_scores(answers)
+                matrix[j][i] = row_mean(scored)
                 routed[j][i] = 100 * sum(h.split("=")[0] == tasks[i].name for h in headers) / len(headers)
+                if j == t - 1:
+                    rows["auto"].append(scored)
             answers, _ = _ask(client, task.name, task, args.concurrency)
+            rows["oracle"].append(task.row_scores(answers))  # a frozen block: its final row is this
             for jj in range(j, t):
-                oracle[jj][j] = task.score(answers)
+                oracle[jj][j] = row_mean(rows["oracle"][-1])
             eval_s += time.perf_counter() - t0
             print(
                 f"after {task.name}: " + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1)),
@@ -164,6 +171,7 @@ def run_server_sequence(
         "matrix": matrix,
         "oracle_matrix": oracle,
         "routed_to_own_skill": routed,
+        "row_scores": rows,
         "jobs": jobs,
         "router_mode": mode,
         "time": {
@@ -217,26 +225,37 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         single = reference
     else:
         single = bl.single(tasks)
+    rows = {"auto": server["row_scores"]["auto"]}
     result: dict[str, Any] = {**_with_metrics(server["matrix"], single), "method": args.method}
     result["baselines"] = {}
     if "oracle" in baselines:
+        rows["oracle"] = server["row_scores"]["oracle"]
         result["baselines"]["oracle"] = {
             **_with_metrics(server["oracle_matrix"], single),
             "note": "model=<skill>; stored blocks are frozen, so each block is asked once, right after it is learned",
         }
     if "seq" in baselines:
-        result["baselines"]["seq"] = _with_metrics(bl.seq(tasks), single)
+        seq_matrix, rows["seq"] = bl.seq(tasks)
+        result["baselines"]["seq"] = _with_metrics(seq_matrix, single)
     if "mtl" in baselines:
-        final = bl.mtl(tasks)
-        rows: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
-        rows[-1] = list(final)
-        result["baselines"]["mtl"] = _with_metrics(rows, None)
+        rows["mtl"] = bl.mtl(tasks)
+        last: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
+        last[-1] = [row_mean(r) for r in rows["mtl"]]
+        result["baselines"]["mtl"] = _with_metrics(last, None)
+    result["AP_ci95"] = ap_interval(rows["auto"])
+    for name, b in result["baselines"].items():
+        b["AP_ci95"] = ap_interval(rows[name])
+    result["vs_baselines"] = {
+        name: {"AP_diff": result["AP"] - b["AP"], "ci95": ap_interval(rows["auto"], rows[name])}
+        for name, b in result["baselines"].items()
+    }
     result.update(
         {
             "tasks": [t.name for t in tasks],
             "metrics": {t.name: t.metric for t in tasks},
             "single_task": {t.name: s for t, s in zip(tasks, single)},
             "routed_to_own_skill": server["routed_to_own_skill"],
+            "row_scores": rows,
             "auto_minus_forced": dict(
                 zip([t.name for t in tasks], auto_vs_forced(server["matrix"], server["oracle_matrix"]))
             ),

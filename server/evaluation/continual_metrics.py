@@ -8,17 +8,28 @@ score of task i trained alone.
   BWT  = mean_{i<T-1} (a[T-1][i] - a[i][i])
 F.Ra and BWT need T >= 2; FWT needs ã. A matrix with only its last row (the multi-task baseline, which
 never passes through the intermediate states) has AP only.
+
+An AP over 50 test rows a task moves by whole answers (2 points each), so a comparison of two APs comes with a
+bootstrap interval over the test rows (ap_interval): paired, the same resampled rows for both, when both
+answered the same rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 Matrix = Sequence[Sequence[float | None]]
 
 
 def _mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def row_mean(rows: Sequence[float]) -> float:
+    """A task's score from its per-row scores (0 for a task without test rows)."""
+    return sum(rows) / len(rows) if rows else 0.0
 
 
 def _full(matrix: Matrix) -> bool:
@@ -64,3 +75,31 @@ def auto_vs_forced(matrix: Matrix, forced: Matrix) -> list[float]:
     if any(v is None for v in auto) or any(v is None for v in own) or len(auto) != len(own):
         raise ValueError("both last rows must score every task")
     return [float(a) - float(f) for a, f in zip(auto, own) if a is not None and f is not None]
+
+
+def ap_interval(
+    rows: Sequence[Sequence[float]],
+    minus: Sequence[Sequence[float]] | None = None,
+    level: float = 0.95,
+    draws: int = 4000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of AP from per-row scores (rows[i]: task i's test rows, in points), or of
+    AP(rows) − AP(minus) when `minus` scored the same rows in the same order: each draw resamples every task's
+    rows with replacement and uses the same rows for both sides (a paired comparison, far tighter than two
+    separate intervals where both sides get the same rows right or wrong)."""
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("every task needs at least one scored row")
+    if minus is not None and [len(r) for r in minus] != [len(r) for r in rows]:
+        raise ValueError(
+            f"a paired interval needs the same rows on both sides: {[len(r) for r in rows]} vs {[len(r) for r in minus]}"
+        )
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    ap = np.zeros(draws)
+    for i, r in enumerate(rows):
+        x = np.asarray(r, dtype=float) - (np.asarray(minus[i], dtype=float) if minus is not None else 0.0)
+        ap += x[rng.integers(0, len(x), size=(draws, len(x)))].mean(axis=1)
+    lo, hi = np.quantile(ap / len(rows), [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)

@@ -16,9 +16,17 @@ def print_table(result: dict[str, Any]) -> None:
     print(" " * 14 + "".join(f"{n[:8]:>9}" for n in names))
     for j, row in enumerate(result["matrix"]):
         print(f"{names[j][:13]:<14}" + "".join(f"{_fmt(v):>9}" for v in row))
-    print(f"\n{'':<10}{'AP':>8}{'F.Ra':>8}{'FWT':>8}{'BWT':>8}")
+    print(f"\n{'':<10}{'AP':>8}{'F.Ra':>8}{'FWT':>8}{'BWT':>8}   AP 95% interval")
     for label, m in [(result["method"], result), *result["baselines"].items()]:
-        print(f"{label:<10}" + "".join(f"{_fmt(m.get(k)):>8}" for k in ("AP", "F.Ra", "FWT", "BWT")))
+        ci = m.get("AP_ci95")
+        print(
+            f"{label:<10}"
+            + "".join(f"{_fmt(m.get(k)):>8}" for k in ("AP", "F.Ra", "FWT", "BWT"))
+            + (f"   [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+        )
+    for label, d in (result.get("vs_baselines") or {}).items():  # the same test rows resampled for both sides
+        lo, hi = d["ci95"]
+        print(f"AP {result['method']} - {label}: {d['AP_diff']:+.1f}, paired 95% interval [{lo:+.1f}, {hi:+.1f}]")
     gap = result.get("auto_minus_forced")
     if gap:  # issue 18's check: the mix must not dilute the right skill
         print("\nmodel=auto minus the forced skill, final row: " + "  ".join(f"{n} {g:+.1f}" for n, g in gap.items()))

@@ -65,6 +65,19 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
     assert lower_triangular(r["baselines"]["seq"]["matrix"]) and r["baselines"]["seq"]["BWT"] is not None
     mtl = r["baselines"]["mtl"]
     assert mtl["matrix"][0] == [None, None] and mtl["AP"] is not None and mtl["BWT"] is None
+    # per-row scores of every final row: they average to it, and carry the intervals
+    rows = r["row_scores"]
+    assert set(rows) == {"auto", "oracle", "seq", "mtl"}
+    for name, final in [("auto", r["matrix"][-1])] + [(n, b["matrix"][-1]) for n, b in r["baselines"].items()]:
+        assert [len(x) for x in rows[name]] == [6, 6]
+        assert [sum(x) / 6 for x in rows[name]] == pytest.approx(final)
+        assert all(v in (0.0, 100.0) for x in rows[name] for v in x)  # exact match: right or wrong
+    for m in [r, *r["baselines"].values()]:
+        assert m["AP_ci95"][0] <= m["AP"] <= m["AP_ci95"][1]
+    assert set(r["vs_baselines"]) == set(r["baselines"])
+    for name, d in r["vs_baselines"].items():
+        assert d["AP_diff"] == pytest.approx(r["AP"] - r["baselines"][name]["AP"])
+        assert d["ci95"][0] <= d["AP_diff"] <= d["ci95"][1]
     t = r["time"]
     assert t["train_tokens"] > 0 and t["train_tokens_per_s"] > 0 and t["baseline_train_tokens"] > 0 and t["total_s"] > 0
     assert (tmp_path / "plots" / "score_matrix.png").stat().st_size > 0 and (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skillpool.server.evaluation.continual_metrics import ap_curve, auto_vs_forced, cl_metrics
+from skillpool.server.evaluation.continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, row_mean
 
 # a[j][i]: task i after training task j
 M = [
@@ -58,3 +58,45 @@ def test_auto_vs_forced_is_the_final_rows_difference() -> None:
     assert auto_vs_forced(auto, forced) == [-6.0, 2.0]
     with pytest.raises(ValueError):
         auto_vs_forced([[70.0, None], [66.0, None]], forced)
+
+
+def coin_rows(n: int, right: int) -> list[float]:
+    """n exact-match rows, the first `right` of them answered right (100 points)."""
+    return [100.0] * right + [0.0] * (n - right)
+
+
+def test_ap_interval_is_the_binomial_width_and_narrows_with_more_rows() -> None:
+    lo, hi = ap_interval([coin_rows(400, 200)])
+    # half right of 400: standard error 100 * sqrt(0.25 / 400) = 2.5 points, a 95% interval of about ±4.9
+    assert lo < 50 < hi and 9.0 < hi - lo < 10.6
+    lo50, hi50 = ap_interval([coin_rows(50, 25)])
+    assert hi50 - lo50 > 2.5 * (hi - lo)  # sqrt(400 / 50) = 2.8 times wider
+    # AP averages tasks: two tasks of 400 rows each are as noisy as one of 800, not of 400
+    lo2, hi2 = ap_interval([coin_rows(400, 200), coin_rows(400, 200)])
+    assert hi2 - lo2 < 0.8 * (hi - lo)
+    assert ap_interval([coin_rows(20, 20), coin_rows(30, 0)]) == (50.0, 50.0)  # no spread: no width
+
+
+def test_a_paired_interval_sees_through_shared_rows() -> None:
+    a = [coin_rows(50, 25), coin_rows(50, 30)]
+    assert ap_interval(a, a) == (0.0, 0.0)
+    # ROUGE-like scores, every row 10 points higher: 10 more whatever rows are drawn
+    graded = [[float(v) for v in range(0, 90, 3)]]
+    assert ap_interval([[v + 10 for v in graded[0]]], graded) == (pytest.approx(10.0), pytest.approx(10.0))
+    # b answers a's right rows right and 5 more of each task's: the paired interval holds only those rows'
+    # spread, so it is narrower than either AP's own interval, which overlap widely
+    b = [coin_rows(50, 30), coin_rows(50, 35)]
+    assert row_mean(b[0]) - row_mean(a[0]) == 10.0
+    lo, hi = ap_interval(b, a)
+    (alo, ahi), blo = ap_interval(a), ap_interval(b)[0]
+    assert 0 < lo < 10 < hi and hi - lo < 0.7 * (ahi - alo)
+    assert blo < ahi  # unpaired, 10 points apart is no evidence at 50 rows
+
+
+def test_ap_interval_refuses_rows_that_do_not_pair() -> None:
+    with pytest.raises(ValueError, match="same rows on both sides"):
+        ap_interval([coin_rows(10, 5)], [coin_rows(9, 5)])
+    with pytest.raises(ValueError, match="at least one scored row"):
+        ap_interval([[]])
+    with pytest.raises(ValueError, match="level"):
+        ap_interval([coin_rows(4, 2)], level=1.0)
