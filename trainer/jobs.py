@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
+from .heap import release_freed_memory
 from .loop import Cancelled, Progress
 from .quality import QualityGateFailed
 from .records import PENDING, TERMINAL, Example, JobStatus
@@ -258,6 +259,22 @@ def run_job(
             )
             save(job)
 
+    try:
+        _run(job, examples, cfg, runner, progress, finish, on_success, should_stop)
+    finally:  # the job's activations are freed but glibc keeps their pages: give them back
+        release_freed_memory()
+
+
+def _run(
+    job: Job,
+    examples: list[Example],
+    cfg: TrainConfig,
+    runner: Runner,
+    progress: Callable[[Progress], None],
+    finish: Callable[[Job, JobStatus, str | None, str | None], None],
+    on_success: Callable[[SkillRecord], None],
+    should_stop: Callable[[], bool],
+) -> None:
     try:
         record = runner(job, examples, cfg, progress, should_stop)
     except Cancelled:

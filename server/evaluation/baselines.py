@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from skillpool.trainer.config import TrainConfig
+from skillpool.trainer.heap import release_freed_memory
 
 from .continual_metrics import row_mean
 
@@ -56,6 +57,7 @@ class Baselines:
             fit_config(peft_model, self.tok, examples, self.cfg, progress)
         finally:
             bar.close()
+            release_freed_memory()
         self.train_s += time.perf_counter() - t0
         self.tokens += last[0]
 
