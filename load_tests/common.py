@@ -29,8 +29,10 @@ def user_text(row: dict[str, Any]) -> str:
     return task_text(row, "with-instruction")
 
 
-def upload(url: str, name: str, body: bytes, config: dict[str, Any] | None = None) -> httpx.Response:
-    data = {"name": name, "config": json.dumps(config or {})}
+def upload(
+    url: str, name: str, body: bytes, config: dict[str, Any] | None = None, force: bool = False
+) -> httpx.Response:
+    data = {"name": name, "config": json.dumps(config or {}), "force": str(force).lower()}
     return httpx.post(url + "/tasks", files={"file": (f"{name}.jsonl", body)}, data=data, timeout=120)
 
 

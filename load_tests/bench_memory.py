@@ -1,0 +1,83 @@
+"""A server's memory after training jobs, with the heap trim after each job off and on (trainer/heap.py).
+
+Two `skillpool serve` processes, one after the other, on fresh data dirs: the first with
+SKILLPOOL_HEAP_TRIM=0, the second with the default. Each trains the same jobs in turn (imdb's long reviews by
+default: their activations are the largest of the benchmark's tasks) and, after every job, reports the
+server's resident memory (VmRSS) and its peak so far (VmHWM). Prints both and the on/off ratios:
+
+    .venv/bin/python load_tests/bench_memory.py [--tasks imdb yelp] [--train-rows 30] [--epochs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from load_tests.common import rows, upload, wait_job  # noqa: E402
+
+MIB = 1024
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def run(trim: bool, tasks: list[str], n: int, epochs: int) -> list[dict[str, float]]:
+    from skillpool.server.process import ServerProcess
+
+    os.environ["SKILLPOOL_HEAP_TRIM"] = "1" if trim else "0"  # the child server inherits it
+    root = Path(tempfile.mkdtemp(prefix=f"skillpool-memory-{'on' if trim else 'off'}-"))
+    out = []
+    with ServerProcess(root / "data") as srv:
+        assert srv.proc is not None
+        pid = srv.proc.pid
+        out.append(
+            {"job": "(started)", "rss": _status_kib(pid, "VmRSS") / MIB, "peak": _status_kib(pid, "VmHWM") / MIB}
+        )
+        for task in tasks:
+            body = "\n".join(json.dumps(r) for r in rows("long_sequence", task, "train", n)).encode()
+            r = upload(srv.url, f"{task}-mem", body, {"epochs": epochs}, force=True)
+            if r.status_code != 202:
+                raise SystemExit(f"upload {task}: {r.status_code} {r.text}")
+            job = wait_job(srv.url, r.json()["id"], verbose=False)
+            time.sleep(2)  # the worker trims in run_job's finally, after it marked the job done
+            rss, peak = _status_kib(pid, "VmRSS") / MIB, _status_kib(pid, "VmHWM") / MIB
+            out.append({"job": f"{task} ({job['status']})", "rss": rss, "peak": peak})
+            print(
+                f"  trim {'on ' if trim else 'off'} after {task}: RSS {rss:,.0f} MiB, peak {peak:,.0f} MiB", flush=True
+            )
+        httpx.get(srv.url + "/healthz", timeout=10).raise_for_status()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", nargs="+", default=["imdb", "yelp"])
+    ap.add_argument("--train-rows", type=int, default=30)
+    ap.add_argument("--epochs", type=int, default=1)
+    args = ap.parse_args()
+    off = run(False, args.tasks, args.train_rows, args.epochs)
+    on = run(True, args.tasks, args.train_rows, args.epochs)
+    print(f"\n{'after':<22} {'RSS off':>9} {'RSS on':>9} {'on/off':>7} {'peak off':>9} {'peak on':>9}")
+    for a, b in zip(off, on):
+        print(
+            f"{a['job']:<22} {a['rss']:>9,.0f} {b['rss']:>9,.0f} {b['rss'] / a['rss']:>7.2f} "
+            f"{a['peak']:>9,.0f} {b['peak']:>9,.0f}"
+        )
+    print("(MiB; RSS is what the server holds between jobs, peak the most it held so far)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
