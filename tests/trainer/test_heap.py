@@ -41,8 +41,9 @@ def test_release_returns_the_freed_pages(monkeypatch: pytest.MonkeyPatch) -> Non
     assert held - _rss() > 100 * MB
 
 
-def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV, "0")
+@pytest.mark.parametrize("off", ["0", "false", "OFF"])
+def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch, off: str) -> None:
+    monkeypatch.setenv(ENV, off)
     keep: list[bytearray] = []
     _fragment(keep)
     held = _rss()
