@@ -260,22 +260,6 @@ def run_job(
             save(job)
 
     try:
-        _run(job, examples, cfg, runner, progress, finish, on_success, should_stop)
-    finally:  # the job's activations are freed but glibc keeps their pages: give them back
-        release_freed_memory()
-
-
-def _run(
-    job: Job,
-    examples: list[Example],
-    cfg: TrainConfig,
-    runner: Runner,
-    progress: Callable[[Progress], None],
-    finish: Callable[[Job, JobStatus, str | None, str | None], None],
-    on_success: Callable[[SkillRecord], None],
-    should_stop: Callable[[], bool],
-) -> None:
-    try:
         record = runner(job, examples, cfg, progress, should_stop)
     except Cancelled:
         finish(job, JobStatus.CANCELLED, None, None)
@@ -289,6 +273,8 @@ def _run(
         log.error("training job %s failed:\n%s", job.id, traceback.format_exc())
         finish(job, JobStatus.FAILED, f"{type(e).__name__}: {e}", "training_error")
         return
+    finally:  # training is over, whatever its outcome: its freed activations' pages go back to the OS
+        release_freed_memory()
     job.eval, job.skill_version = record.meta.get("eval"), record.version
     _log_gate(job, record.meta.get("quality") or {})
     try:
