@@ -66,17 +66,20 @@ class Baselines:
 
         return task.row_scores(generate_greedy(peft_model, self.tok, [e["messages"] for e in task.test], task.budget))
 
-    def seq(self, tasks: list[Task]) -> tuple[list[list[float | None]], list[list[float]]]:
-        """The score matrix of one LoRA trained on the tasks in turn, and its final row's per-row scores."""
+    def seq(self, tasks: list[Task]) -> tuple[list[list[float | None]], list[list[float]], list[list[float]]]:
+        """One LoRA trained on the tasks in turn: its score matrix, its final row's per-row scores and its
+        diagonal's (each task's rows right after it was learned, for FWT's interval)."""
         model = self._fresh()
         matrix: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
         final: list[list[float]] = []
+        diagonal: list[list[float]] = []
         for j, task in enumerate(tasks):
             self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
             final = [self.row_scores(model, tasks[i]) for i in range(j + 1)]
+            diagonal.append(final[j])
             for i, rows in enumerate(final):
                 matrix[j][i] = row_mean(rows)
-        return matrix, final
+        return matrix, final, diagonal
 
     def mtl(self, tasks: list[Task]) -> list[list[float]]:
         """Per-row scores on every task of one LoRA trained on all of them jointly."""
@@ -88,10 +91,11 @@ class Baselines:
         self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
         return [self.row_scores(model, t) for t in tasks]
 
-    def single(self, tasks: list[Task]) -> list[float]:
+    def single(self, tasks: list[Task]) -> list[list[float]]:
+        """Per-row scores of each task trained alone on the base model."""
         out = []
         for task in tasks:
             model = self._fresh()
             self._fit(model, task.train, f"single {task.name}")
-            out.append(row_mean(self.row_scores(model, task)))
+            out.append(self.row_scores(model, task))
         return out

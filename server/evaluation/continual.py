@@ -9,7 +9,8 @@ the server stops: `seq` one LoRA fine-tuned on the tasks in turn, `mtl` one LoRA
 FWT needs ã_i (task i trained alone): the isolated method's oracle diagonal; for other methods it is
 read from an isolated run's JSON (--reference) or trained here. The final row's per-row scores are kept
 (`row_scores`), so every AP comes with a bootstrap interval and the method's AP minus each baseline's with a
-paired one (`vs_baselines`): all sides answer the same test rows.
+paired one (`vs_baselines`): all sides answer the same test rows. Each task's rows right after it was learned
+(`diagonal_rows`) and trained alone (`single_task_rows`, also read from --reference) give FWT a paired interval.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from skillpool.trainer.scoring import metric_for, score
 from skillpool.trainer.worker import split_examples
 
 from .baselines import Baselines
-from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, row_mean
+from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
 from .continual_report import plot, print_table
 from .tasks import task_lines
 
@@ -123,6 +124,7 @@ def run_server_sequence(
     oracle: list[list[float | None]] = [[None] * t for _ in range(t)]
     routed: list[list[float | None]] = [[None] * t for _ in range(t)]
     rows: dict[str, list[list[float]]] = {"auto": [], "oracle": []}  # the final row's per-row scores
+    diagonal: list[list[float]] = []  # each task's per-row auto scores right after it was learned (FWT)
     jobs: list[dict[str, Any]] = []
     eval_s = 0.0
     with ServerProcess(data_dir, extra) as srv:
@@ -156,6 +158,8 @@ def run_server_sequence(
                 routed[j][i] = 100 * sum(h.split("=")[0] == tasks[i].name for h in headers) / len(headers)
                 if j == t - 1:
                     rows["auto"].append(scored)
+                if i == j:
+                    diagonal.append(scored)
             answers, _ = _ask(client, task.name, task, args.concurrency)
             rows["oracle"].append(task.row_scores(answers))  # a frozen block: its final row is this
             for jj in range(j, t):
@@ -172,6 +176,7 @@ def run_server_sequence(
         "oracle_matrix": oracle,
         "routed_to_own_skill": routed,
         "row_scores": rows,
+        "diagonal_rows": diagonal,
         "jobs": jobs,
         "router_mode": mode,
         "time": {
@@ -183,8 +188,11 @@ def run_server_sequence(
     }
 
 
-def _reference_single(path: Path, tasks: list[Task], args: argparse.Namespace) -> list[float]:
-    """ã from an isolated run with the same limits and hyperparameters."""
+def _reference_single(
+    path: Path, tasks: list[Task], args: argparse.Namespace
+) -> tuple[list[float], list[list[float]] | None]:
+    """ã from an isolated run with the same limits and hyperparameters, and its per-row scores where the
+    JSON keeps them (runs before FWT's interval did not)."""
     ref = json.loads(path.read_text())
     want = {"train_limit": args.train_limit, "test_limit": args.test_limit, "train_config": args.train_config.to_dict()}
     for key, value in want.items():
@@ -194,7 +202,15 @@ def _reference_single(path: Path, tasks: list[Task], args: argparse.Namespace) -
     missing = [t.name for t in tasks if t.name not in single]
     if missing:
         raise SystemExit(f"--reference {path} has no single-task score for {missing}")
-    return [float(single[t.name]) for t in tasks]
+    per_row = ref.get("single_task_rows") or {}
+    if not all(t.name in per_row for t in tasks):
+        return [float(single[t.name]) for t in tasks], None
+    for t in tasks:
+        if len(per_row[t.name]) != len(t.test):
+            raise SystemExit(
+                f"--reference {path} scored {len(per_row[t.name])} test rows of {t.name}, this run has {len(t.test)}"
+            )
+    return [float(single[t.name]) for t in tasks], [[float(v) for v in per_row[t.name]] for t in tasks]
 
 
 def _with_metrics(matrix: list[list[float | None]], single: list[float] | None) -> dict[str, Any]:
@@ -217,15 +233,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     reference = _reference_single(args.reference, tasks, args) if args.reference and args.method != "isolated" else None
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="skillpool-continual-")) / "data"
     server = run_server_sequence(args, tasks, cfg, data_dir)
-    oracle_diag = [float(server["oracle_matrix"][i][i]) for i in range(len(tasks))]
     bl = Baselines(base.path, cfg)
+    single_rows: list[list[float]] | None
     if args.method == "isolated":
-        single = oracle_diag  # each isolated block is trained alone on the base model
+        single_rows = server["row_scores"]["oracle"]  # each isolated block is trained alone on the base model
     elif reference is not None:
-        single = reference
+        single_rows = reference[1]
     else:
-        single = bl.single(tasks)
+        single_rows = bl.single(tasks)
+    single = reference[0] if reference is not None else [row_mean(r) for r in single_rows or []]
     rows = {"auto": server["row_scores"]["auto"]}
+    diagonals = {"auto": server["diagonal_rows"], "oracle": server["row_scores"]["oracle"]}  # frozen: final = diagonal
     result: dict[str, Any] = {**_with_metrics(server["matrix"], single), "method": args.method}
     result["baselines"] = {}
     if "oracle" in baselines:
@@ -235,7 +253,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "note": "model=<skill>; stored blocks are frozen, so each block is asked once, right after it is learned",
         }
     if "seq" in baselines:
-        seq_matrix, rows["seq"] = bl.seq(tasks)
+        seq_matrix, rows["seq"], diagonals["seq"] = bl.seq(tasks)
         result["baselines"]["seq"] = _with_metrics(seq_matrix, single)
     if "mtl" in baselines:
         rows["mtl"] = bl.mtl(tasks)
@@ -245,6 +263,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     result["AP_ci95"] = ap_interval(rows["auto"])
     for name, b in result["baselines"].items():
         b["AP_ci95"] = ap_interval(rows[name])
+    if single_rows is not None:  # FWT's paired interval: each task's rows, learned in turn vs trained alone
+        for name, m in [("auto", result), *result["baselines"].items()]:
+            if name in diagonals:
+                m["FWT_ci95"] = fwt_interval(diagonals[name], single_rows)
     result["vs_baselines"] = {
         name: {"AP_diff": result["AP"] - b["AP"], "ci95": ap_interval(rows["auto"], rows[name])}
         for name, b in result["baselines"].items()
@@ -254,6 +276,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "tasks": [t.name for t in tasks],
             "metrics": {t.name: t.metric for t in tasks},
             "single_task": {t.name: s for t, s in zip(tasks, single)},
+            "single_task_rows": {t.name: r for t, r in zip(tasks, single_rows)} if single_rows is not None else None,
+            "diagonal_rows": diagonals,
             "routed_to_own_skill": server["routed_to_own_skill"],
             "row_scores": rows,
             "auto_minus_forced": dict(

@@ -11,7 +11,8 @@ never passes through the intermediate states) has AP only.
 
 An AP over 50 test rows a task moves by whole answers (2 points each), so a comparison of two APs comes with a
 bootstrap interval over the test rows (ap_interval): paired, the same resampled rows for both, when both
-answered the same rows.
+answered the same rows. FWT is the same kind of mean, of the diagonal's rows minus the trained-alone rows, so it
+gets the paired interval too (fwt_interval).
 """
 
 from __future__ import annotations
@@ -103,3 +104,11 @@ def ap_interval(
         ap += x[rng.integers(0, len(x), size=(draws, len(x)))].mean(axis=1)
     lo, hi = np.quantile(ap / len(rows), [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
+
+
+def fwt_interval(
+    diagonal: Sequence[Sequence[float]], single: Sequence[Sequence[float]], level: float = 0.95
+) -> tuple[float, float]:
+    """Paired bootstrap interval of FWT: diagonal[i] holds task i's per-row scores right after it was learned,
+    single[i] the same rows' scores of task i trained alone (FWT = mean_i (a[i][i] - ã_i), one row at a time)."""
+    return ap_interval(diagonal, single, level=level)

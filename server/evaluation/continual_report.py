@@ -16,14 +16,16 @@ def print_table(result: dict[str, Any]) -> None:
     print(" " * 14 + "".join(f"{n[:8]:>9}" for n in names))
     for j, row in enumerate(result["matrix"]):
         print(f"{names[j][:13]:<14}" + "".join(f"{_fmt(v):>9}" for v in row))
-    print(f"\n{'':<10}{'AP':>8}{'F.Ra':>8}{'FWT':>8}{'BWT':>8}   AP 95% interval")
+    print(f"\n{'':<10}{'AP':>8}{'F.Ra':>8}{'FWT':>8}{'BWT':>8}   {'AP 95% interval':<18}FWT 95% interval")
     for label, m in [(result["method"], result), *result["baselines"].items()]:
-        ci = m.get("AP_ci95")
-        print(
+        ci, fci = m.get("AP_ci95"), m.get("FWT_ci95")
+        line = (
             f"{label:<10}"
             + "".join(f"{_fmt(m.get(k)):>8}" for k in ("AP", "F.Ra", "FWT", "BWT"))
-            + (f"   [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
+            + f"   {f'[{ci[0]:.1f}, {ci[1]:.1f}]' if ci else '':<18}"
+            + (f"[{fci[0]:+.1f}, {fci[1]:+.1f}]" if fci else "")
         )
+        print(line.rstrip())
     for label, d in (result.get("vs_baselines") or {}).items():  # the same test rows resampled for both sides
         lo, hi = d["ci95"]
         print(f"AP {result['method']} - {label}: {d['AP_diff']:+.1f}, paired 95% interval [{lo:+.1f}, {hi:+.1f}]")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
 from skillpool.server.cli import main
+from skillpool.server.evaluation.continual import Task, _reference_single
+from skillpool.trainer.config import TrainConfig
 from tests.conftest import dataset_dir
 
 CONFIG = json.dumps({"epochs": 1, "max_seq_len": 192})
@@ -74,6 +77,16 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
         assert all(v in (0.0, 100.0) for x in rows[name] for v in x)  # exact match: right or wrong
     for m in [r, *r["baselines"].values()]:
         assert m["AP_ci95"][0] <= m["AP"] <= m["AP_ci95"][1]
+    # FWT's paired interval: the diagonal's rows against the trained-alone rows (the oracle's, for isolated)
+    assert r["single_task_rows"] == dict(zip(r["tasks"], rows["oracle"]))
+    assert [sum(x) / 6 for x in r["diagonal_rows"]["auto"]] == pytest.approx([r["matrix"][i][i] for i in range(2)])
+    assert [sum(x) / 6 for x in r["diagonal_rows"]["seq"]] == pytest.approx(
+        [r["baselines"]["seq"]["matrix"][i][i] for i in range(2)]
+    )
+    assert r["baselines"]["oracle"]["FWT_ci95"] == [0.0, 0.0]  # the same rows on both sides
+    for m in [r, r["baselines"]["seq"]]:
+        assert m["FWT_ci95"][0] <= m["FWT"] <= m["FWT_ci95"][1]
+    assert "FWT_ci95" not in r["baselines"]["mtl"]  # mtl has no diagonal
     assert set(r["vs_baselines"]) == set(r["baselines"])
     for name, d in r["vs_baselines"].items():
         assert d["AP_diff"] == pytest.approx(r["AP"] - r["baselines"][name]["AP"])
@@ -86,6 +99,8 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
     # another method reuses this run's single-task scores for FWT
     kif = run(tmp_path, tiny_base, "kif", "--baselines", "", "--reference", str(tmp_path / "isolated.json"))
     assert kif["single_task"] == r["single_task"] and kif["baselines"] == {}
+    assert kif["single_task_rows"] == r["single_task_rows"]  # the reference's rows carry FWT's interval over
+    assert kif["FWT_ci95"][0] <= kif["FWT"] <= kif["FWT_ci95"][1]
     assert kif["jobs"][1]["status"] == "succeeded"
     with pytest.raises(SystemExit, match="another train_limit"):
         main(
@@ -112,6 +127,35 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
                 str(tmp_path / "x"),
             ]
         )
+
+
+def reference_args(tmp: Path, ref: dict) -> tuple[Path, argparse.Namespace]:  # type: ignore[type-arg]
+    path = tmp / "ref.json"
+    path.write_text(json.dumps(ref))
+    return path, argparse.Namespace(train_limit=4, test_limit=3, train_config=TrainConfig())
+
+
+def task(name: str, n_test: int) -> Task:
+    return Task(name, b"", [], [{"messages": [], "answer": "a"}] * n_test, "exact_match")
+
+
+def test_a_reference_gives_single_task_scores_and_their_rows_where_it_kept_them(tmp_path: Path) -> None:
+    config = {"train_limit": 4, "test_limit": 3, "train_config": TrainConfig().to_dict()}
+    rows = {"a": [100.0, 0.0, 0.0], "b": [100.0, 100.0, 0.0]}
+    path, args = reference_args(tmp_path, {"config": config, "single_task": {"a": 33.3, "b": 66.7}})
+    tasks = [task("a", 3), task("b", 3)]
+    assert _reference_single(path, tasks, args) == ([33.3, 66.7], None)  # an older JSON: FWT without interval
+    path, args = reference_args(
+        tmp_path, {"config": config, "single_task": {"a": 33.3, "b": 66.7}, "single_task_rows": rows}
+    )
+    assert _reference_single(path, tasks, args) == ([33.3, 66.7], [rows["a"], rows["b"]])
+    with pytest.raises(SystemExit, match="scored 3 test rows of b, this run has 2"):
+        _reference_single(path, [task("a", 3), task("b", 2)], args)
+    with pytest.raises(SystemExit, match="no single-task score for \\['c'\\]"):
+        _reference_single(path, [task("c", 3)], args)
+    path, args = reference_args(tmp_path, {"config": {**config, "test_limit": 5}, "single_task": {}})
+    with pytest.raises(SystemExit, match="another test_limit"):
+        _reference_single(path, tasks, args)
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from skillpool.server.evaluation.continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, row_mean
+from skillpool.server.evaluation.continual_metrics import (
+    ap_curve,
+    ap_interval,
+    auto_vs_forced,
+    cl_metrics,
+    fwt_interval,
+    row_mean,
+)
 
 # a[j][i]: task i after training task j
 M = [
@@ -100,3 +107,24 @@ def test_ap_interval_refuses_rows_that_do_not_pair() -> None:
         ap_interval([[]])
     with pytest.raises(ValueError, match="level"):
         ap_interval([coin_rows(4, 2)], level=1.0)
+
+
+def test_fwt_interval_is_paired_on_the_diagonal_against_trained_alone() -> None:
+    single = [coin_rows(50, 20), coin_rows(50, 40), coin_rows(50, 10)]
+    # each task, learned in turn, answers its trained-alone right rows right and 5 more: FWT +10 on every draw
+    diagonal = [coin_rows(50, 25), coin_rows(50, 45), coin_rows(50, 15)]
+    matrix = [
+        [row_mean(diagonal[0]), None, None],
+        [0.0, row_mean(diagonal[1]), None],
+        [0.0, 0.0, row_mean(diagonal[2])],
+    ]
+    fwt = cl_metrics(matrix, [row_mean(r) for r in single])["FWT"]
+    lo, hi = fwt_interval(diagonal, single)
+    assert fwt == pytest.approx(10.0) and 0 < lo < fwt < hi < 20
+    assert fwt_interval(single, single) == (0.0, 0.0)  # no transfer: no width
+    # rows that disagree both ways: the same mean difference, an interval through 0
+    swapped = [r[::-1] for r in single]
+    lo, hi = fwt_interval(swapped, single)
+    assert lo < 0 < hi
+    with pytest.raises(ValueError, match="same rows on both sides"):
+        fwt_interval(diagonal, [coin_rows(49, 20), *single[1:]])
