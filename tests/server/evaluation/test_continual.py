@@ -129,6 +129,15 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
         )
 
 
+@pytest.mark.slow  # one server training and one in-process training on the tiny model: about a minute
+def test_without_a_reference_the_trained_alone_rows_are_trained_here(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run(tmp_path, tiny_base, "kif", "--baselines", "")
+    rows = r["single_task_rows"]
+    assert set(rows) == {"sst-2", "qqp"} and all(len(x) == 6 for x in rows.values())
+    assert r["single_task"] == {n: pytest.approx(sum(x) / 6) for n, x in rows.items()}
+    assert r["FWT_ci95"][0] <= r["FWT"] <= r["FWT_ci95"][1]
+
+
 def reference_args(tmp: Path, ref: dict) -> tuple[Path, argparse.Namespace]:  # type: ignore[type-arg]
     path = tmp / "ref.json"
     path.write_text(json.dumps(ref))
