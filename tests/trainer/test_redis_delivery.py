@@ -105,15 +105,17 @@ def test_a_worker_keeps_its_lease_while_it_trains(redis_url: str) -> None:
 
     def slow(j: Job, *_: Any) -> SkillRecord:
         runs.append(j.id)
-        release.wait(10)
+        release.wait(30)
         return _record(j)
 
-    a = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=0.5)
-    b = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=0.5)
+    # 2 s, not 0.5: a 0.5 s lease expired once in CI on a fresh clone (tries == 2), most likely during run_job's
+    # heap release (gc.collect holds the GIL after the runner returns) in a process that had run the whole suite
+    a = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=2.0)
+    b = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=2.0)
     try:
         job = a.submit(a.add(_job()), [], TrainConfig())
         until(lambda: len(runs) == 1, timeout=10)
-        time.sleep(2.0)  # four lease lengths: both workers swept several times meanwhile
+        time.sleep(8.0)  # four lease lengths: both workers swept several times meanwhile
         assert runs == [job.id]
         release.set()
         done = _ended(a, job, timeout=10)
