@@ -8,6 +8,7 @@ from typing import Any
 
 METHODS = ("isolated", "sapt", "kif")  # see trainer/worker.py
 DEFAULT_METHOD = "isolated"
+KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/worker.py
 
 
 def method_error(method: str, router_mode: str) -> str | None:
@@ -62,6 +63,10 @@ class TrainConfig:
     # > 0: the probe's pick and fresh each train this many cycles, then the lower held-out loss (by the margin)
     # trains on. Off by default: on the README sequence it kept qqp fresh (48) where mnli's block gave 70
     kif_start_trial: int = 0
+    # where the block starts: "similar" (the probe's pick among the nearest blocks, their mix and fresh) or "latest"
+    # (the newest earlier block of the task's answer kind, taken whole, no probe). "latest" chains the blocks the
+    # way one LoRA trained in turn carries its transfer, with every step frozen as its task's own block
+    kif_start: str = "similar"
     # method sapt (trainer/attentive.py)
     sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss
 
@@ -127,6 +132,8 @@ class TrainConfig:
         for name, most in upper.items():
             if getattr(self, name) > most:
                 raise ConfigError(f"config.{name}", f"must be <= {most:g}")
+        if self.kif_start not in KIF_STARTS:
+            raise ConfigError("config.kif_start", f"must be one of {', '.join(KIF_STARTS)}, got {self.kif_start!r}")
         if not 0 <= self.seed < 2**63:  # torch.manual_seed takes no more
             raise ConfigError("config.seed", "must be in [0, 2**63)")
 

@@ -73,6 +73,14 @@ def _unlike_answers(records: list[SkillRecord], kind: str) -> set[str]:
     return {rec.name for rec in records if (rec.meta.get("eval") or {}).get("metric") not in (None, kind)}
 
 
+def _latest(records: list[SkillRecord], exclude: set[str]) -> dict[str, float]:
+    """kif_start "latest": the newest of `records` outside `exclude`, whole ({} when none). Started from it, each
+    block continues the one before, as one LoRA trained on the tasks in turn does (the yelp sequence's imdb: 92
+    after four tasks in turn, 76 alone), and stays frozen as its task's block, so nothing it knew is lost."""
+    newest = max((r for r in records if r.name not in exclude), key=lambda r: r.meta.get("created", 0.0), default=None)
+    return {newest.name: 1.0} if newest is not None else {}
+
+
 def _copy_files(src: Path, dst: Path) -> None:
     for f in src.iterdir():
         shutil.copy2(f, dst / f.name)
@@ -236,18 +244,24 @@ class SkillTrainer:
         on_progress: Callable[[Progress], None] | None,
         should_stop: Callable[[], bool] | None,
     ) -> dict[str, Any]:
-        """Recurrent-KIF on the new block: seeded from similar blocks where that helps the held-out rows after a
-        cycle, fused against the memory buffer."""
+        """Recurrent-KIF on the new block: seeded from similar blocks where the probe (and the trial, if on) says
+        that helps, or from the newest block of its answer kind (kif_start "latest"); fused against the memory."""
         kind = metric_for([e["answer"] for e in train])
         earlier = [rec for rec in self.store.list_latest() if rec.name != name]  # one read: starts and memory
         unlike = _unlike_answers(earlier, kind)
-        seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks, unlike)
+        similar = cfg.kif_start == "similar"  # else "latest": no probe, no trial
+        if similar:
+            seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks, unlike)
+        else:
+            seeds = _latest(earlier, unlike) if cfg.kif_init_blocks > 0 else {}
         encoded = [encode_example(tok, e, cfg.max_seq_len) for e in train]
-        held_out = [encode_example(tok, e, cfg.max_seq_len) for e in held] if cfg.kif_start_trial > 0 else []
+        trial_rows = similar and cfg.kif_start_trial > 0
+        held_out = [encode_example(tok, e, cfg.max_seq_len) for e in held] if trial_rows else []
         can_trial = bool(held_out)  # the trial is on and has rows to judge by
         start: dict[str, Any] = {"init_from": seeds, "answers": kind, "unlike_answers": sorted(unlike)}
+        start["start"] = cfg.kif_start
         trial: StartTrial | None = None
-        if seeds and cfg.kif_start_probe > 0:
+        if seeds and cfg.kif_start_probe > 0 and similar:
             probe = random.Random(cfg.seed).sample(encoded, min(cfg.kif_start_probe, len(encoded)))
             blocks = {n: (self._record(n).adapter(), w) for n, w in seeds.items()}
             choice = choose_start(peft_model, blocks, probe, pad_id(tok), cfg.kif_start_margin, apply=not can_trial)

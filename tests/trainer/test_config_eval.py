@@ -35,6 +35,8 @@ def test_defaults_and_overrides() -> None:
         ({"kif_start_trial": -1}, "config.kif_start_trial"),
         ({"kif_start_trial": 1001}, "config.kif_start_trial"),
         ({"kif_start_trial": 0.5}, "config.kif_start_trial"),
+        ({"kif_start": "nearest"}, "config.kif_start"),
+        ({"kif_start": 1}, "config.kif_start"),
     ],
 )
 def test_bad_hyperparameters_name_the_field(raw: dict, param: str) -> None:

@@ -79,3 +79,37 @@ def test_kif_trains_the_probes_pick_beside_fresh_for_a_cycle_and_keeps_the_bette
     )
     assert untried.meta["training"]["kif"]["init_from"] == {"agnews": 1.0}  # 0: the probe's pick stands
     assert "start_trial" not in untried.meta["training"]["kif"]
+
+
+def test_kif_start_latest_continues_the_newest_block_of_its_answer_kind(tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder, RouterSettings()), tiny_base)
+    cfg = TrainConfig(epochs=1.0, max_eval_examples=4, max_seq_len=128)
+    earlier = [
+        ("agnews", examples("agnews", 40)),
+        ("sciq", examples("task591_sciq_answer_generation", 40, "superni")),  # free text
+        ("dbpedia", examples("dbpedia", 40)),
+    ]
+    for name, rows in earlier:
+        rec = trainer.run(name, rows, cfg, "isolated", force=True)
+        trainer.router.add_skill(rec.name, rec.router_tensors())
+    # a learning rate this small leaves the block where it started, so the stored block shows the start
+    latest = TrainConfig(**{**cfg.to_dict(), "kif_start": "latest", "learning_rate": 1e-9})
+    sst2 = trainer.run("sst-2", examples("sst-2", 40), latest, "kif", force=True)
+    kif = sst2.meta["training"]["kif"]
+    assert kif["start"] == "latest" and kif["init_from"] == {"dbpedia": 1.0}  # the newest label block, not agnews
+    assert "start_candidates" not in kif  # taken whole: no probe
+    start, got = trainer.store.get("dbpedia").adapter().modules, sst2.adapter().modules  # type: ignore[union-attr]
+    assert got.keys() == start.keys()
+    for path, block in start.items():
+        want = block.delta()
+        assert (got[path].delta() - want).norm() <= 1e-3 * want.norm(), path
+    # a free-text task continues sciq's block, the newest of its kind, though two label blocks are newer
+    quoref = trainer.run(
+        "quoref", examples("task002_quoref_answer_generation", 40, "superni"), latest, "kif", force=True
+    )
+    assert quoref.meta["training"]["kif"]["init_from"] == {"sciq": 1.0}
+    assert quoref.meta["training"]["kif"]["unlike_answers"] == ["agnews", "dbpedia", "sst-2"]
+    fresh = trainer.run(
+        "agnews-2", examples("agnews", 40), TrainConfig(**{**latest.to_dict(), "kif_init_blocks": 0}), "kif", force=True
+    )
+    assert fresh.meta["training"]["kif"]["init_from"] == {}  # kif_init_blocks 0: fresh, as for "similar"
