@@ -65,7 +65,8 @@ class TrainConfig:
     kif_start_trial: int = 0
     # where the block starts: "similar" (the probe's pick among the nearest blocks, their mix and fresh) or "latest"
     # (the newest earlier block of the task's answer kind, taken whole, no probe). "latest" chains the blocks the
-    # way one LoRA trained in turn carries its transfer, with every step frozen as its task's own block
+    # way one LoRA trained in turn carries its transfer, with every step frozen as its task's own block. Off by
+    # default: on the yelp sequence it moved AP by +0.8 and 0.0 at two seeds
     kif_start: str = "similar"
     # method sapt (trainer/attentive.py)
     sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss
