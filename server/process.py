@@ -73,6 +73,15 @@ class ServerProcess:
         self.stop()
         raise RuntimeError(f"server did not answer /healthz within {self.startup_s:.0f}s:\n{self.log_tail()}")
 
+    def exited(self) -> str | None:
+        """Why the server is gone (exit code and log tail), or None while it runs: a poller that cannot reach it
+        then stops at once instead of waiting out its patience."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        code = self.proc.returncode
+        why = " (SIGKILL: the kernel's OOM killer, or a kill -9)" if code == -signal.SIGKILL else ""
+        return f"the server exited with {code}{why}; its log ends:\n{self.log_tail()}"
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

@@ -141,7 +141,7 @@ def run_server_sequence(
             )
             if r.status_code != 202:
                 raise SystemExit(f"upload of {task.name} refused: {r.status_code} {r.text}")
-            job = follow(srv.url, r.json()["id"], f"[{j + 1}/{t}] {task.name} ({args.method})")
+            job = follow(srv.url, r.json()["id"], f"[{j + 1}/{t}] {task.name} ({args.method})", gone=srv.exited)
             jobs.append(
                 {k: job.get(k) for k in ("skill", "status", "error", "eval", "progress", "started_at", "finished_at")}
             )
