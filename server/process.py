@@ -62,8 +62,8 @@ class ServerProcess:
         log.close()
         deadline = time.time() + self.startup_s
         while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if (why := self.exited()) is not None:
+                raise RuntimeError(why)
             try:
                 if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
                     return self
