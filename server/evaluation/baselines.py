@@ -36,7 +36,11 @@ class Baselines:
         from skillpool.trainer.lora_train import add_lora
 
         model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=torch.float32)
-        return add_lora(model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed)
+        peft_model = add_lora(
+            model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed
+        )
+        # on the device the server's trainer picks (trainer/worker.py), so a GPU run's baselines are not left on the CPU
+        return peft_model.to("cuda" if torch.cuda.is_available() else "cpu")
 
     def _fit(self, peft_model: Any, examples: list[Example], label: str) -> None:
         from tqdm import tqdm
