@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,16 @@ def set_budgets(tasks: list[Task], tokenizer: Any, cap: int) -> None:
 
 
 # --- the server path --------------------------------------------------------------------------------
+def server_argv(args: argparse.Namespace, mode: str) -> list[str]:
+    """The flags of the `skillpool serve` this run starts: the router mode and model it needs, then the user's
+    --server-args (an engine sized for a GPU, say), which argparse lets override the former."""
+    return (
+        ["--router-mode", mode]
+        + (["--model", str(args.model)] if args.model else [])
+        + list(getattr(args, "server_argv", None) or [])
+    )
+
+
 def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[str], list[str]]:
     """(answers, x-skillpool-route headers), sent concurrently so the server batches them."""
 
@@ -118,7 +129,7 @@ def run_server_sequence(
     from ..process import ServerProcess
 
     mode = args.router_mode or ("sapt" if args.method == "sapt" else "dtkr")
-    extra = ["--router-mode", mode] + (["--model", str(args.model)] if args.model else [])
+    extra = server_argv(args, mode)
     t = len(tasks)
     matrix: list[list[float | None]] = [[None] * t for _ in range(t)]
     oracle: list[list[float | None]] = [[None] * t for _ in range(t)]
@@ -165,8 +176,12 @@ def run_server_sequence(
             for jj in range(j, t):
                 oracle[jj][j] = row_mean(rows["oracle"][-1])
             eval_s += time.perf_counter() - t0
+            # the whole row, so a run cut short still leaves in its log what the JSON would have held
             print(
-                f"after {task.name}: " + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1)),
+                f"after {task.name}: "
+                + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1))
+                + f" | forced {task.name} {oracle[j][j]:.1f} | routed to own skill %: "
+                + "  ".join(f"{tasks[i].name} {routed[j][i]:.0f}" for i in range(j + 1)),
                 flush=True,
             )
     train_s = sum((jb["finished_at"] or 0) - (jb["started_at"] or 0) for jb in jobs)
@@ -303,6 +318,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                 "model": base.model_id,
                 "force": args.force,
                 "data_dir": str(data_dir),
+                "server_args": getattr(args, "server_args", ""),
             },
         }
     )
@@ -340,6 +356,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--data-dir", type=Path, default=None, help="the server's data dir (default: a fresh temp dir)")
     p.add_argument("--model", type=Path, default=None, help="local base checkpoint (default: the packaged SmolLM2)")
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="more flags for the server it starts, e.g. --server-args='--max-batch-size 64 --max-batched-tokens 16384'"
+        " on a GPU (the '=' keeps them one value)",
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -349,6 +371,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.train_config = TrainConfig.from_dict(json.loads(args.config))
     except (json.JSONDecodeError, ConfigError) as e:
         raise SystemExit(f"--config: {e}") from None
+    try:
+        args.server_argv = shlex.split(args.server_args)
+    except ValueError as e:
+        raise SystemExit(f"--server-args: {e}") from None
+    if {"--port", "--data-dir"} & {a.split("=")[0] for a in args.server_argv}:
+        raise SystemExit("--server-args: --port and --data-dir are this run's own (see --data-dir)")
     args.baselines = [b for b in args.baselines.split(",") if b]
     unknown = sorted(set(args.baselines) - set(BASELINES))
     if unknown:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from skillpool.server.cli import main
-from skillpool.server.evaluation.continual import Task, _reference_single
+from skillpool.server.evaluation.continual import Task, _reference_single, server_argv
 from skillpool.trainer.config import TrainConfig
 from tests.conftest import dataset_dir
 
@@ -173,3 +173,28 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         main([*base, "--config", '{"rank": 0}'])
     with pytest.raises(SystemExit, match="unknown \\['nope'\\]"):
         main([*base, "--baselines", "seq,nope"])
+
+
+def test_server_args_reach_the_server_after_the_runs_own_flags(tmp_path: Path) -> None:
+    args = argparse.Namespace(model=tmp_path, server_argv=["--max-batch-size", "64", "--router-top-k", "1"])
+    assert server_argv(args, "dtkr") == [
+        "--router-mode",
+        "dtkr",
+        "--model",
+        str(tmp_path),
+        "--max-batch-size",
+        "64",
+        "--router-top-k",
+        "1",
+    ]  # last: argparse lets a user's flag override ours
+    assert server_argv(argparse.Namespace(model=None), "sapt") == ["--router-mode", "sapt"]
+
+
+def test_bad_server_args_are_refused_before_a_server_starts(tmp_path: Path) -> None:
+    base = ["eval", "continual", "--tasks", str(tmp_path), "--json", str(tmp_path / "o.json")]
+    with pytest.raises(SystemExit, match="--server-args: No closing quotation"):
+        main([*base, "--server-args=--model '/a b"])
+    for flag in ("--port 9000", "--data-dir=/tmp/x"):  # "=" below: argparse reads a lone "--data-dir=..." as a flag
+        with pytest.raises(SystemExit, match="--port and --data-dir are this run's own"):
+            main([*base, f"--server-args={flag}"])
+    assert not (tmp_path / "o.json").exists()
