@@ -97,7 +97,7 @@ def set_budgets(tasks: list[Task], tokenizer: Any, cap: int) -> None:
 # --- the server path --------------------------------------------------------------------------------
 def server_argv(args: argparse.Namespace, mode: str) -> list[str]:
     """The flags of the `skillpool serve` this run starts: the router mode and model it needs, then the user's
-    --server-args (an engine sized for a GPU, say), which argparse lets override the former."""
+    --server-args (an engine sized for a GPU, say; `run` refuses flags that would clash with these)."""
     return (
         ["--router-mode", mode]
         + (["--model", str(args.model)] if args.model else [])
@@ -375,8 +375,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.server_argv = shlex.split(args.server_args)
     except ValueError as e:
         raise SystemExit(f"--server-args: {e}") from None
-    if {"--port", "--data-dir"} & {a.split("=")[0] for a in args.server_argv}:
-        raise SystemExit("--server-args: --port and --data-dir are this run's own (see --data-dir)")
+    owned = ("--port", "--data-dir", "--router-mode", "--model")  # argparse also takes a prefix, e.g. --data
+    for flag in (a.split("=")[0] for a in args.server_argv if a.startswith("--") and len(a) > 2):
+        if any(o.startswith(flag) for o in owned):
+            raise SystemExit(
+                f"--server-args: {flag}: the run sets --port and --data-dir itself, and --router-mode and --model "
+                "through its own options of those names"
+            )
     args.baselines = [b for b in args.baselines.split(",") if b]
     unknown = sorted(set(args.baselines) - set(BASELINES))
     if unknown:

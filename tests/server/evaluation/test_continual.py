@@ -186,15 +186,23 @@ def test_server_args_reach_the_server_after_the_runs_own_flags(tmp_path: Path) -
         "64",
         "--router-top-k",
         "1",
-    ]  # last: argparse lets a user's flag override ours
+    ]
     assert server_argv(argparse.Namespace(model=None), "sapt") == ["--router-mode", "sapt"]
 
 
 def test_bad_server_args_are_refused_before_a_server_starts(tmp_path: Path) -> None:
     base = ["eval", "continual", "--tasks", str(tmp_path), "--json", str(tmp_path / "o.json")]
     with pytest.raises(SystemExit, match="--server-args: No closing quotation"):
-        main([*base, "--server-args=--model '/a b"])
-    for flag in ("--port 9000", "--data-dir=/tmp/x"):  # "=" below: argparse reads a lone "--data-dir=..." as a flag
-        with pytest.raises(SystemExit, match="--port and --data-dir are this run's own"):
+        main([*base, "--server-args=--max-batch-size '64"])
+    # what the run sets itself, whole, with "=" or as a prefix argparse would expand ("=" below: argparse reads
+    # a lone "--data-dir=..." as a flag of its own)
+    for flag, name in [
+        ("--port 9000", "--port"),
+        ("--data-dir=/x", "--data-dir"),
+        ("--data /x", "--data"),
+        ("--model /m", "--model"),
+        ("--router-mode sapt", "--router-mode"),
+    ]:
+        with pytest.raises(SystemExit, match=f"--server-args: {name}: the run sets --port and --data-dir itself"):
             main([*base, f"--server-args={flag}"])
     assert not (tmp_path / "o.json").exists()
