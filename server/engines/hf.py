@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.mixing import LoRABank
 
 from .detokenize import TextStream
@@ -65,7 +66,7 @@ class HFEngine(StreamsEvents):
         prefix_cache_tokens: int = 4096,
         on_step: Callable[[int], None] | None = None,
     ) -> None:
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(resolve_device(device))
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)

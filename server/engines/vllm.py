@@ -24,6 +24,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
+from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_adapter
 
 from .mixes import MixAdapter, MixCache, MixPlan, plan_mix
@@ -80,11 +81,9 @@ class VLLMEngine(StreamsEvents):
         max_lora_rank: int = 64,
         kept_mixes: int = 32,
     ) -> None:
-        import torch
-
         if max_lora_rank not in RANKS:
             raise ValueError(f"max_lora_rank must be one of {RANKS} (vLLM's choices), got {max_lora_rank}")
-        cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        cuda = resolve_device(device).startswith("cuda")
         if not cuda:
             cpu_defaults()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from skillpool.adapters_store.base_model import resolve_device
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.heap import release_freed_memory
 
@@ -39,8 +40,7 @@ class Baselines:
         peft_model = add_lora(
             model, self.cfg.rank, self.cfg.alpha, self.cfg.dropout, self.cfg.target_modules, self.cfg.seed
         )
-        # on the device the server's trainer picks (trainer/worker.py), so a GPU run's baselines are not left on the CPU
-        return peft_model.to("cuda" if torch.cuda.is_available() else "cpu")
+        return peft_model.to(resolve_device())  # the device the server's trainer picks
 
     def _fit(self, peft_model: Any, examples: list[Example], label: str) -> None:
         from tqdm import tqdm
