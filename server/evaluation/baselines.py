@@ -1,11 +1,15 @@
-"""`skillpool eval continual` baselines, trained in this process on the same backbone, split and
-hyperparameters as the server's skills: `seq` (one LoRA on the tasks in turn), `mtl` (one LoRA on all
-tasks jointly) and single-task references (each task alone, for FWT)."""
+"""`skillpool eval continual` baselines, trained on the same backbone, split and hyperparameters as the
+server's skills: `seq` (one LoRA on the tasks in turn), `mtl` (one LoRA on all tasks jointly) and single-task
+references (each task alone, for FWT). They run after the server's sequence, or with --parallel beside it,
+each in a process of its own: on a GPU the sides share it and the run takes about as long as its longest side.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from skillpool.adapters_store.base_model import resolve_device
@@ -13,6 +17,7 @@ from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.heap import release_freed_memory
 
 from .continual_metrics import row_mean
+from .progress_log import ProgressLog
 
 if TYPE_CHECKING:
     from skillpool.trainer.records import Example
@@ -23,10 +28,10 @@ if TYPE_CHECKING:
 class Baselines:
     """seq, mtl and single-task references on the same backbone, split and hyperparameters."""
 
-    def __init__(self, model_path: Path, cfg: TrainConfig) -> None:
+    def __init__(self, model_path: Path, cfg: TrainConfig, log: ProgressLog | None = None) -> None:
         from transformers import AutoTokenizer
 
-        self.path, self.cfg = model_path, cfg
+        self.path, self.cfg, self.log = model_path, cfg, log or ProgressLog()
         self.tok = AutoTokenizer.from_pretrained(str(model_path))
         self.tokens, self.train_s = 0, 0.0
 
@@ -80,6 +85,7 @@ class Baselines:
         for j, task in enumerate(tasks):
             self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
             final = [self.row_scores(model, tasks[i]) for i in range(j + 1)]
+            self.log.scored("seq", task.name, {tasks[i].name: final[i] for i in range(j + 1)})
             diagonal.append(final[j])
             for i, rows in enumerate(final):
                 matrix[j][i] = row_mean(rows)
@@ -93,7 +99,9 @@ class Baselines:
         random.Random(self.cfg.seed).shuffle(joint)
         model = self._fresh()
         self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
-        return [self.row_scores(model, t) for t in tasks]
+        out = [self.row_scores(model, t) for t in tasks]
+        self.log.scored("mtl", tasks[-1].name, {t.name: r for t, r in zip(tasks, out, strict=True)})
+        return out
 
     def single(self, tasks: list[Task]) -> list[list[float]]:
         """Per-row scores of each task trained alone on the base model."""
@@ -102,4 +110,51 @@ class Baselines:
             model = self._fresh()
             self._fit(model, task.train, f"single {task.name}")
             out.append(self.row_scores(model, task))
+            self.log.scored("single", task.name, {task.name: out[-1]})
         return out
+
+
+def _one_side(kind: str, model_path: Path, cfg: TrainConfig, tasks: list[Task], log: ProgressLog, share: int) -> Any:
+    """A baseline in a process of its own: its result, training seconds and tokens. On a CPU the sides and the
+    server split the cores (`share` ways): full thread pools on the same cores slow every side many times over."""
+    import torch
+
+    if resolve_device() == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
+    bl = Baselines(model_path, cfg, log)
+    return getattr(bl, kind)(tasks), bl.train_s, bl.tokens
+
+
+class BaselineSides:
+    """The baselines a run needs ("single", "seq", "mtl"). In-process (`parallel` off) they run when `results()`
+    is called, after the server's sequence. With `parallel` each starts in its own process on entry; leaving
+    the block stops any still running, so a failed server sequence does not leave them training."""
+
+    def __init__(self, baselines: Baselines, kinds: list[str], tasks: list[Task], parallel: bool) -> None:
+        self.bl, self.kinds, self.tasks, self.parallel = baselines, kinds, tasks, parallel
+        self._pool: Any = None
+        self._pending: dict[str, Any] = {}
+
+    def __enter__(self) -> BaselineSides:
+        if self.parallel and self.kinds:
+            import multiprocessing as mp
+
+            self._pool = mp.get_context("spawn").Pool(len(self.kinds))  # spawn: no forked torch or CUDA state
+            args = (self.bl.path, self.bl.cfg, self.tasks, self.bl.log, len(self.kinds) + 1)
+            self._pending = {k: self._pool.apply_async(_one_side, (k, *args)) for k in self.kinds}
+        return self
+
+    def results(self) -> dict[str, Any]:
+        if not self._pending:
+            return {k: getattr(self.bl, k)(self.tasks) for k in self.kinds}
+        out = {}
+        for kind, pending in self._pending.items():
+            out[kind], train_s, tokens = pending.get()
+            self.bl.train_s += train_s
+            self.bl.tokens += tokens
+        return out
+
+    def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()

@@ -5,7 +5,9 @@ chosen method, waits for the job (progress bar), then asks every task learned so
 openai client with model="auto" (routed) and the new task with model=<its skill> (task-ID oracle;
 stored blocks are frozen, so a forced block scores the same at every later step and is asked once).
 Baselines come from the same backbone, data split and hyperparameters, trained in this process after
-the server stops: `seq` one LoRA fine-tuned on the tasks in turn, `mtl` one LoRA on all tasks jointly.
+the server stops, or with --parallel in processes of their own beside it (a GPU run: the sides share the GPU):
+`seq` one LoRA fine-tuned on the tasks in turn, `mtl` one LoRA on all tasks jointly. Every side appends each
+step it measures to `<json stem>.progress.jsonl` (progress_log.py), so a run cut short keeps what it scored.
 FWT needs ã_i (task i trained alone): the isolated method's oracle diagonal; for other methods it is
 read from an isolated run's JSON (--reference) or trained here. The final row's per-row scores are kept
 (`row_scores`), so every AP comes with a bootstrap interval and the method's AP minus each baseline's with a
@@ -30,9 +32,10 @@ from skillpool.trainer.records import Example, JobStatus
 from skillpool.trainer.scoring import metric_for, score
 from skillpool.trainer.worker import split_examples
 
-from .baselines import Baselines
+from .baselines import Baselines, BaselineSides
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
 from .continual_report import plot, print_table
+from .progress_log import ProgressLog, log_path
 from .tasks import task_lines
 
 BASELINES = ("oracle", "seq", "mtl")
@@ -120,7 +123,7 @@ def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[st
 
 
 def run_server_sequence(
-    args: argparse.Namespace, tasks: list[Task], cfg: TrainConfig, data_dir: Path
+    args: argparse.Namespace, tasks: list[Task], cfg: TrainConfig, data_dir: Path, log: ProgressLog | None = None
 ) -> dict[str, Any]:
     import httpx
     from openai import OpenAI
@@ -138,6 +141,7 @@ def run_server_sequence(
     diagonal: list[list[float]] = []  # each task's per-row auto scores right after it was learned (FWT)
     jobs: list[dict[str, Any]] = []
     eval_s = 0.0
+    log = log or ProgressLog()
     with ServerProcess(data_dir, extra) as srv:
         client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=1800)
         for j, task in enumerate(tasks):
@@ -162,9 +166,10 @@ def run_server_sequence(
                     + ("" if args.force else " (--force registers anyway)")
                 )
             t0 = time.perf_counter()
+            step_rows: dict[str, list[float]] = {}
             for i in range(j + 1):  # model=auto: what a user gets, after every task
                 answers, headers = _ask(client, "auto", tasks[i], args.concurrency)
-                scored = tasks[i].row_scores(answers)
+                scored = step_rows[tasks[i].name] = tasks[i].row_scores(answers)
                 matrix[j][i] = row_mean(scored)
                 routed[j][i] = 100 * sum(h.split("=")[0] == tasks[i].name for h in headers) / len(headers)
                 if j == t - 1:
@@ -176,7 +181,10 @@ def run_server_sequence(
             for jj in range(j, t):
                 oracle[jj][j] = row_mean(rows["oracle"][-1])
             eval_s += time.perf_counter() - t0
-            # the whole row, so a run cut short still leaves in its log what the JSON would have held
+            own = {tasks[i].name: routed[j][i] for i in range(j + 1)}
+            log.scored(args.method, task.name, step_rows, routed_to_own_skill=own)
+            log.scored("forced", task.name, {task.name: rows["oracle"][-1]})
+            # the whole row on stdout too, for a reader watching the run
             print(
                 f"after {task.name}: "
                 + "  ".join(f"{tasks[i].name} {matrix[j][i]:.1f}" for i in range(j + 1))
@@ -247,15 +255,21 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     set_budgets(tasks, AutoTokenizer.from_pretrained(str(base.path)), args.max_new_tokens)
     reference = _reference_single(args.reference, tasks, args) if args.reference and args.method != "isolated" else None
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="skillpool-continual-")) / "data"
-    server = run_server_sequence(args, tasks, cfg, data_dir)
-    bl = Baselines(base.path, cfg)
+    log = ProgressLog.fresh(log_path(args.json))
+    bl = Baselines(base.path, cfg, log)
+    # an isolated block is trained alone on the base model: the server's oracle rows are the trained-alone rows
+    need_single = args.method != "isolated" and reference is None
+    kinds = ["single"] * need_single + [k for k in ("seq", "mtl") if k in baselines]
+    with BaselineSides(bl, kinds, tasks, args.parallel) as sides:
+        server = run_server_sequence(args, tasks, cfg, data_dir, log)
+        side = sides.results()
     single_rows: list[list[float]] | None
     if args.method == "isolated":
-        single_rows = server["row_scores"]["oracle"]  # each isolated block is trained alone on the base model
+        single_rows = server["row_scores"]["oracle"]
     elif reference is not None:
         single_rows = reference[1]
     else:
-        single_rows = bl.single(tasks)
+        single_rows = side["single"]
     single = reference[0] if reference is not None else [row_mean(r) for r in single_rows or []]
     rows = {"auto": server["row_scores"]["auto"]}
     diagonals = {"auto": server["diagonal_rows"], "oracle": server["row_scores"]["oracle"]}  # frozen: final = diagonal
@@ -268,10 +282,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             "note": "model=<skill>; stored blocks are frozen, so each block is asked once, right after it is learned",
         }
     if "seq" in baselines:
-        seq_matrix, rows["seq"], diagonals["seq"] = bl.seq(tasks)
+        seq_matrix, rows["seq"], diagonals["seq"] = side["seq"]
         result["baselines"]["seq"] = _with_metrics(seq_matrix, single)
     if "mtl" in baselines:
-        rows["mtl"] = bl.mtl(tasks)
+        rows["mtl"] = side["mtl"]
         last: list[list[float | None]] = [[None] * len(tasks) for _ in tasks]
         last[-1] = [row_mean(r) for r in rows["mtl"]]
         result["baselines"]["mtl"] = _with_metrics(last, None)
@@ -319,6 +333,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                 "force": args.force,
                 "data_dir": str(data_dir),
                 "server_args": getattr(args, "server_args", ""),
+                "parallel": args.parallel,
             },
         }
     )
@@ -354,6 +369,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--force", action="store_true", help="register skills even when the quality gate fails")
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument(
+        "--parallel",
+        action="store_true",
+        help="train the baselines (seq, mtl, trained alone) in processes of their own beside the server's sequence "
+        "instead of after it: for a GPU, which they share; on a CPU they only split its cores",
+    )
     p.add_argument("--data-dir", type=Path, default=None, help="the server's data dir (default: a fresh temp dir)")
     p.add_argument("--model", type=Path, default=None, help="local base checkpoint (default: the packaged SmolLM2)")
     p.add_argument(
@@ -390,7 +411,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print_table(result)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
+    print(f"wrote {args.json} (each step as it was measured: {log_path(args.json)})")
     if args.plots:
         for p in plot(result, args.plots):
             print(f"wrote {p}")

@@ -10,6 +10,7 @@ import pytest
 
 from skillpool.server.cli import main
 from skillpool.server.evaluation.continual import Task, _reference_single, server_argv
+from skillpool.server.evaluation.progress_log import read_log
 from skillpool.trainer.config import TrainConfig
 from tests.conftest import dataset_dir
 
@@ -84,6 +85,17 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
         [r["baselines"]["seq"]["matrix"][i][i] for i in range(2)]
     )
     assert r["baselines"]["oracle"]["FWT_ci95"] == [0.0, 0.0]  # the same rows on both sides
+    log = read_log(tmp_path / "isolated.progress.jsonl")  # in one process, in order: the server's side, then seq, mtl
+    assert [(x["side"], x["after"]) for x in log] == [
+        ("isolated", "sst-2"),
+        ("forced", "sst-2"),
+        ("isolated", "qqp"),
+        ("forced", "qqp"),
+        ("seq", "sst-2"),
+        ("seq", "qqp"),
+        ("mtl", "qqp"),
+    ]
+    assert {x["after"]: x["rows"][x["after"]] for x in log if x["side"] == "forced"} == r["single_task_rows"]
     for m in [r, r["baselines"]["seq"]]:
         assert m["FWT_ci95"][0] <= m["FWT"] <= m["FWT_ci95"][1]
     assert "FWT_ci95" not in r["baselines"]["mtl"]  # mtl has no diagonal
@@ -129,13 +141,34 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
         )
 
 
-@pytest.mark.slow  # one server training and one in-process training on the tiny model: about a minute
-def test_without_a_reference_the_trained_alone_rows_are_trained_here(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    r = run(tmp_path, tiny_base, "kif", "--baselines", "")
+@pytest.mark.slow  # the server's sequence beside three baseline processes on the tiny model: about a minute
+def test_parallel_sides_train_the_baselines_beside_the_server_and_log_every_step(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # no --reference: the trained-alone rows are trained here too, as a third side
+    r = run(tmp_path, tiny_base, "kif", "--baselines", "seq,mtl", "--parallel")
+    assert r["config"]["parallel"] is True and set(r["baselines"]) == {"seq", "mtl"}
     rows = r["single_task_rows"]
     assert set(rows) == {"sst-2", "qqp"} and all(len(x) == 6 for x in rows.values())
     assert r["single_task"] == {n: pytest.approx(sum(x) / 6) for n, x in rows.items()}
     assert r["FWT_ci95"][0] <= r["FWT"] <= r["FWT_ci95"][1]
+    assert lower_triangular(r["baselines"]["seq"]["matrix"]) and r["baselines"]["mtl"]["AP"] is not None
+    assert r["time"]["baseline_train_tokens"] > 0  # the children's training is counted
+    # the progress log holds every step, as measured, by the side that measured it
+    log = read_log(tmp_path / "kif.progress.jsonl")
+    by = {side: [x for x in log if x["side"] == side] for side in ("kif", "forced", "seq", "mtl", "single")}
+    assert sum(map(len, by.values())) == len(log)
+    assert [x["after"] for x in by["kif"]] == ["sst-2", "qqp"] == [x["after"] for x in by["seq"]]
+    for j, step in enumerate(by["kif"]):
+        assert step["scores"] == {n: pytest.approx(r["matrix"][j][i]) for i, n in enumerate(r["tasks"][: j + 1])}
+        assert step["routed_to_own_skill"] == dict(zip(r["tasks"], r["routed_to_own_skill"][j][: j + 1]))
+    assert by["kif"][-1]["rows"] == dict(zip(r["tasks"], r["row_scores"]["auto"]))
+    assert {x["after"]: x["rows"][x["after"]] for x in by["single"]} == rows
+    assert [x["scores"] for x in by["seq"]][-1] == {
+        n: pytest.approx(v) for n, v in zip(r["tasks"], r["baselines"]["seq"]["matrix"][-1])
+    }
+    assert by["mtl"][0]["rows"] == dict(zip(r["tasks"], r["row_scores"]["mtl"]))
+    # each baseline side ran in a process of its own, not in the one that drove the server
+    side_pids = {by[s][0]["pid"] for s in ("seq", "mtl", "single")}
+    assert len(side_pids) == 3 and by["kif"][0]["pid"] not in side_pids
 
 
 def reference_args(tmp: Path, ref: dict) -> tuple[Path, argparse.Namespace]:  # type: ignore[type-arg]
