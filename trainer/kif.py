@@ -9,6 +9,9 @@ memory relies on. Only the trainable parameters (the new block) are fused; old b
 The default share is 1.0, which keeps both updates whole. The paper masks because every task shares one
 model; in skillpool each block is its task's own and earlier blocks are frozen, and a 20% mask starved
 free-text tasks (issue 18). What remains is the start from similar blocks and the memory's outer steps.
+At share 1.0 the fusion is the identity (start + τ_in + τ_out is where the cycle ended) and the importance
+it would rank by goes unused, so the loop skips both: no per-step EMA over every tensor, no snapshots, no
+sorts, which on a GPU are hundreds of small kernel launches a step.
 """
 
 from __future__ import annotations
@@ -203,8 +206,10 @@ class KIF(Method):
         self.memory, self.settings = memory, settings
         self.memory_rng = random.Random(f"{seed}:kif-memory")  # its own stream: memory draws leave task batches be
         self.params = [p for p in peft_model.parameters() if p.requires_grad]
-        self.imp_in = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]  # kept across cycles
-        self.imp_hist = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
+        self.fuse = settings.top_q < 1  # at 1.0 both masks keep everything: θ is already the fused point
+        tracked = self.params if self.fuse else []
+        self.imp_in = [torch.zeros_like(p, dtype=torch.float32) for p in tracked]  # kept across cycles
+        self.imp_hist = [torch.zeros_like(p, dtype=torch.float32) for p in tracked]
         self.importance, self.decay = self.imp_in, settings.ema_in  # which EMA the next backward feeds
         self.start_point: list[Tensor] = []
 
@@ -212,10 +217,12 @@ class KIF(Method):
         return task_steps + -(-task_steps // self.settings.inner_steps)  # one outer step per (partial) cycle
 
     def before_task_step(self, loop: TrainLoop) -> None:
-        if loop.task_steps % self.settings.inner_steps == 0:
+        if self.fuse and loop.task_steps % self.settings.inner_steps == 0:
             self.start_point = [p.detach().clone() for p in self.params]
 
     def after_backward(self, loop: TrainLoop) -> None:
+        if not self.fuse:
+            return
         with torch.no_grad():  # importance from the raw gradient at the θ it was taken at, before clip and step
             for imp, p in zip(self.importance, self.params, strict=True):
                 if p.grad is not None:
@@ -226,7 +233,7 @@ class KIF(Method):
     def after_task_step(self, loop: TrainLoop) -> None:
         if loop.task_steps % self.settings.inner_steps and loop.task_steps < loop.task_total:
             return  # mid-cycle
-        before_outer = [p.detach().clone() for p in self.params]
+        before_outer = [p.detach().clone() for p in self.params] if self.fuse else []
         n, size = len(self.memory), loop.schedule.batch_size
         # a small buffer still fills the batch, with repeats
         picks = self.memory_rng.sample(range(n), size) if n >= size else self.memory_rng.choices(range(n), k=size)
@@ -235,6 +242,8 @@ class KIF(Method):
             loop.step([self.memory[i] for i in picks], picks, report=False)  # its loss stays out of the progress
         finally:
             self.importance, self.decay = self.imp_in, self.settings.ema_in
+        if not self.fuse:
+            return
         q = self.settings.top_q
         with torch.no_grad():
             for p, s, mid, i_in, i_hist in zip(

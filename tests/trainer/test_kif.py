@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.kif import (
+    KIF,
     KIFSettings,
     StartTrial,
     choose_start,
@@ -19,7 +20,7 @@ from skillpool.trainer.kif import (
     probe_loss,
     train_kif,
 )
-from skillpool.trainer.loop import Cancelled, Progress, Schedule, answer_loss, collate
+from skillpool.trainer.loop import Cancelled, Progress, Schedule, TrainLoop, answer_loss, collate
 from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id
 
 TARGETS = ("q_proj", "v_proj")
@@ -213,6 +214,29 @@ def test_default_fusion_keeps_the_whole_cycle(tiny_base, tok) -> None:  # type: 
         assert torch.equal(value, after[2][name]), name  # nothing fell back to the cycle start
         assert not torch.equal(value, start[name])
         assert not torch.equal(after[2][name], after[1][name])  # and the memory step moved it
+
+
+def test_at_the_default_share_skipping_the_fusion_leaves_the_same_parameters(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
+    """At top_q 1.0 the masks keep every coordinate, so start + τ_in + τ_out is where the cycle ended: the loop
+    skips the importance EMAs, snapshots and masks, and ends where doing them all would have left it."""
+
+    def run(fuse: bool) -> dict[str, torch.Tensor]:
+        model = peft_model(tiny_base, rank=4)
+        method = KIF(model, encode(tok, TASK_A), KIFSettings(inner_steps=2), seed=0)
+        assert method.fuse is False and method.imp_in == []  # nothing tracked at the default share
+        if fuse:  # the full masked fusion, as the loop did before it skipped it
+            method.fuse = True
+            method.imp_in = [torch.zeros_like(p) for p in method.params]
+            method.imp_hist = [torch.zeros_like(p) for p in method.params]
+            method.importance = method.imp_in
+        # 5 examples at batch size 2: a full cycle of 2 task steps and a partial one of 1, each with an outer step
+        TrainLoop(method, encode(tok, TASK_B + TASK_C[:1]), pad_id(tok), Schedule(1.0, 2, 1e-2, 0)).run()
+        return trainable(model)
+
+    skipped, fused = run(False), run(True)
+    assert skipped.keys() == fused.keys()
+    for name in skipped:
+        assert torch.allclose(skipped[name], fused[name], atol=1e-6, rtol=0), name
 
 
 def test_progress_counts_outer_steps_and_stop_cancels(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
