@@ -24,9 +24,15 @@ class ServerProcess:
     """`with ServerProcess(data_dir) as srv:` starts a server on a free port and waits for /healthz."""
 
     def __init__(
-        self, data_dir: Path, extra_args: list[str] | None = None, log_path: Path | None = None, startup_s: float = 300
+        self,
+        data_dir: Path,
+        extra_args: list[str] | None = None,
+        log_path: Path | None = None,
+        startup_s: float = 300,
+        python: str = sys.executable,  # another environment's interpreter: an install under test
     ) -> None:
         self.data_dir, self.extra_args, self.startup_s = Path(data_dir), list(extra_args or []), startup_s
+        self.python = python
         self.log_path = log_path or self.data_dir.parent / f"{self.data_dir.name}-server.log"
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -44,7 +50,7 @@ class ServerProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                self.python,
                 "-m",
                 "skillpool.server.cli",
                 "serve",
