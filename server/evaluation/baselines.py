@@ -28,10 +28,10 @@ if TYPE_CHECKING:
 class Baselines:
     """seq, mtl and single-task references on the same backbone, split and hyperparameters."""
 
-    def __init__(self, model_path: Path, cfg: TrainConfig, log: ProgressLog | None = None) -> None:
+    def __init__(self, model_path: Path, cfg: TrainConfig, log: ProgressLog | None = None, bars: bool = True) -> None:
         from transformers import AutoTokenizer
 
-        self.path, self.cfg, self.log = model_path, cfg, log or ProgressLog()
+        self.path, self.cfg, self.log, self.bars = model_path, cfg, log or ProgressLog(), bars
         self.tok = AutoTokenizer.from_pretrained(str(model_path))
         self.tokens, self.train_s = 0, 0.0
 
@@ -53,7 +53,7 @@ class Baselines:
         from skillpool.trainer.loop import Progress
         from skillpool.trainer.lora_train import fit_config
 
-        bar = tqdm(desc=label, unit="step", dynamic_ncols=True)
+        bar = tqdm(desc=label, unit="step", dynamic_ncols=True, disable=not self.bars)
         last = [0]
 
         def progress(p: Progress) -> None:
@@ -70,6 +70,11 @@ class Baselines:
         self.train_s += time.perf_counter() - t0
         self.tokens += last[0]
 
+    def _scored(self, side: str, after: str, rows: dict[str, list[float]]) -> None:
+        """Log a measured step, and print it: beside the server's sequence (--parallel) there are no bars."""
+        self.log.scored(side, after, rows)
+        print(f"{side} after {after}: " + "  ".join(f"{n} {row_mean(r):.1f}" for n, r in rows.items()), flush=True)
+
     def row_scores(self, peft_model: Any, task: Task) -> list[float]:
         from skillpool.trainer.scoring import generate_greedy
 
@@ -85,7 +90,7 @@ class Baselines:
         for j, task in enumerate(tasks):
             self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
             final = [self.row_scores(model, tasks[i]) for i in range(j + 1)]
-            self.log.scored("seq", task.name, {tasks[i].name: final[i] for i in range(j + 1)})
+            self._scored("seq", task.name, {tasks[i].name: final[i] for i in range(j + 1)})
             diagonal.append(final[j])
             for i, rows in enumerate(final):
                 matrix[j][i] = row_mean(rows)
@@ -100,7 +105,7 @@ class Baselines:
         model = self._fresh()
         self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
         out = [self.row_scores(model, t) for t in tasks]
-        self.log.scored("mtl", tasks[-1].name, {t.name: r for t, r in zip(tasks, out, strict=True)})
+        self._scored("mtl", tasks[-1].name, {t.name: r for t, r in zip(tasks, out, strict=True)})
         return out
 
     def single(self, tasks: list[Task]) -> list[list[float]]:
@@ -110,7 +115,7 @@ class Baselines:
             model = self._fresh()
             self._fit(model, task.train, f"single {task.name}")
             out.append(self.row_scores(model, task))
-            self.log.scored("single", task.name, {task.name: out[-1]})
+            self._scored("single", task.name, {task.name: out[-1]})
         return out
 
 
@@ -121,7 +126,7 @@ def _one_side(kind: str, model_path: Path, cfg: TrainConfig, tasks: list[Task], 
 
     if resolve_device() == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
-    bl = Baselines(model_path, cfg, log)
+    bl = Baselines(model_path, cfg, log, bars=False)  # several bars and the server's job bar would interleave
     return getattr(bl, kind)(tasks), bl.train_s, bl.tokens
 
 

@@ -142,7 +142,9 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow  # the server's sequence beside three baseline processes on the tiny model: about a minute
-def test_parallel_sides_train_the_baselines_beside_the_server_and_log_every_step(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_parallel_sides_train_the_baselines_beside_the_server_and_log_every_step(
+    tiny_base, tmp_path: Path, capfd
+) -> None:  # type: ignore[no-untyped-def]
     # no --reference: the trained-alone rows are trained here too, as a third side
     r = run(tmp_path, tiny_base, "kif", "--baselines", "seq,mtl", "--parallel")
     assert r["config"]["parallel"] is True and set(r["baselines"]) == {"seq", "mtl"}
@@ -169,6 +171,9 @@ def test_parallel_sides_train_the_baselines_beside_the_server_and_log_every_step
     # each baseline side ran in a process of its own, not in the one that drove the server
     side_pids = {by[s][0]["pid"] for s in ("seq", "mtl", "single")}
     assert len(side_pids) == 3 and by["kif"][0]["pid"] not in side_pids
+    out = capfd.readouterr().out  # the sides print each step, as the server's side does
+    for line in ("after qqp: sst-2", "seq after qqp: sst-2", "single after qqp: qqp", "mtl after qqp: sst-2"):
+        assert line in out, line
 
 
 def reference_args(tmp: Path, ref: dict) -> tuple[Path, argparse.Namespace]:  # type: ignore[type-arg]
