@@ -149,6 +149,16 @@ class BaselineSides:
             self._pending = {k: self._pool.apply_async(_one_side, (k, *args)) for k in self.kinds}
         return self
 
+    def check(self) -> None:
+        """Raise a side's error as soon as it has failed (out of GPU memory, say), not after the server's whole
+        sequence: called between tasks."""
+        for kind, pending in self._pending.items():
+            if pending.ready() and not pending.successful():
+                try:
+                    pending.get()
+                except Exception as e:
+                    raise RuntimeError(f"the {kind} baseline failed: {type(e).__name__}: {e}") from e
+
     def results(self) -> dict[str, Any]:
         if not self._pending:
             return {k: getattr(self.bl, k)(self.tasks) for k in self.kinds}

@@ -22,6 +22,7 @@ import concurrent.futures as cf
 import json
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,12 @@ def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[st
 
 
 def run_server_sequence(
-    args: argparse.Namespace, tasks: list[Task], cfg: TrainConfig, data_dir: Path, log: ProgressLog | None = None
+    args: argparse.Namespace,
+    tasks: list[Task],
+    cfg: TrainConfig,
+    data_dir: Path,
+    log: ProgressLog | None = None,
+    between: Callable[[], None] | None = None,  # after each task: raises if a side beside the server failed
 ) -> dict[str, Any]:
     import httpx
     from openai import OpenAI
@@ -192,6 +198,8 @@ def run_server_sequence(
                 + "  ".join(f"{tasks[i].name} {routed[j][i]:.0f}" for i in range(j + 1)),
                 flush=True,
             )
+            if between is not None:
+                between()
     train_s = sum((jb["finished_at"] or 0) - (jb["started_at"] or 0) for jb in jobs)
     tokens = sum(int((jb["progress"] or {}).get("tokens") or 0) for jb in jobs)
     return {
@@ -261,7 +269,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     need_single = args.method != "isolated" and reference is None
     kinds = ["single"] * need_single + [k for k in ("seq", "mtl") if k in baselines]
     with BaselineSides(bl, kinds, tasks, args.parallel) as sides:
-        server = run_server_sequence(args, tasks, cfg, data_dir, log)
+        server = run_server_sequence(args, tasks, cfg, data_dir, log, between=sides.check)
         side = sides.results()
     single_rows: list[list[float]] | None
     if args.method == "isolated":
