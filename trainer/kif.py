@@ -199,7 +199,7 @@ def _top_mask(importance: Tensor, share: float) -> Tensor:
 class KIF(Method):
     """Recurrent-KIF's hooks on the plain LoRA loop: at each cycle start a snapshot; after every backward the
     importance EMA of the step's kind (task or memory); after each cycle's last task step one memory step,
-    then the masked fusion of the cycle's two updates."""
+    then the masked fusion of the cycle's two updates. At share 1.0 only the memory step (`fuse` off)."""
 
     def __init__(self, peft_model: nn.Module, memory: Sequence[Encoded], settings: KIFSettings, seed: int) -> None:
         super().__init__(peft_model)

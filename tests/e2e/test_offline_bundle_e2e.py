@@ -60,6 +60,20 @@ def test_a_bad_python_or_a_used_folder_is_refused(tmp_path: Path) -> None:
         main([str(tmp_path / "b")])
 
 
+def test_a_failed_download_leaves_no_half_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = bundle_module()
+
+    def pip_fails_midway(*args: str) -> None:  # pip has saved some wheels, then finds none for one package
+        dest = Path(args[args.index("--dest") + 1])
+        (dest / "numpy-2.0-cp399-cp399-linux_x86_64.whl").write_bytes(b"")
+        raise subprocess.CalledProcessError(1, ["pip", *args])
+
+    monkeypatch.setattr(bundle, "_pip", pip_fails_midway)
+    with pytest.raises(SystemExit, match="pip download failed, see above \\(another Python takes binary wheels"):
+        bundle.main([str(tmp_path / "out"), "--python", "3.99"])
+    assert list(tmp_path.iterdir()) == []  # neither out/ nor out.partial/
+
+
 @pytest.mark.slow  # downloads ~300 MB of wheels once (pip's cache keeps them), a torch install, a server start
 def test_a_venv_with_only_torch_serves_from_the_bundle(tmp_path: Path, smollm) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "bundle"
