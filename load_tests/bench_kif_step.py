@@ -60,13 +60,8 @@ def main() -> int:
     def method(kind: str) -> Method:
         if kind == "plain":
             return Method(peft)
-        m = KIF(peft, memory, KIFSettings(inner_steps=cfg.kif_inner_steps), cfg.seed)
-        if kind == "kif, fused":
-            m.fuse = True
-            m.imp_in = [torch.zeros_like(p) for p in m.params]
-            m.imp_hist = [torch.zeros_like(p) for p in m.params]
-            m.importance = m.imp_in
-        return m
+        settings = KIFSettings(inner_steps=cfg.kif_inner_steps)
+        return KIF(peft, memory, settings, cfg.seed, fuse=True if kind == "kif, fused" else None)
 
     def run(kind: str) -> float:
         with torch.no_grad():

@@ -201,12 +201,19 @@ class KIF(Method):
     importance EMA of the step's kind (task or memory); after each cycle's last task step one memory step,
     then the masked fusion of the cycle's two updates. At share 1.0 only the memory step (`fuse` off)."""
 
-    def __init__(self, peft_model: nn.Module, memory: Sequence[Encoded], settings: KIFSettings, seed: int) -> None:
+    def __init__(
+        self,
+        peft_model: nn.Module,
+        memory: Sequence[Encoded],
+        settings: KIFSettings,
+        seed: int,
+        fuse: bool | None = None,  # None: only below share 1.0; True runs the identity fusion too (tests, bench)
+    ) -> None:
         super().__init__(peft_model)
         self.memory, self.settings = memory, settings
         self.memory_rng = random.Random(f"{seed}:kif-memory")  # its own stream: memory draws leave task batches be
         self.params = [p for p in peft_model.parameters() if p.requires_grad]
-        self.fuse = settings.top_q < 1  # at 1.0 both masks keep everything: θ is already the fused point
+        self.fuse = settings.top_q < 1 if fuse is None else fuse  # at 1.0 θ is already the fused point
         tracked = self.params if self.fuse else []
         self.imp_in = [torch.zeros_like(p, dtype=torch.float32) for p in tracked]  # kept across cycles
         self.imp_hist = [torch.zeros_like(p, dtype=torch.float32) for p in tracked]

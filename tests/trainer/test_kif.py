@@ -222,13 +222,12 @@ def test_at_the_default_share_skipping_the_fusion_leaves_the_same_parameters(tin
 
     def run(fuse: bool) -> dict[str, torch.Tensor]:
         model = peft_model(tiny_base, rank=4)
-        method = KIF(model, encode(tok, TASK_A), KIFSettings(inner_steps=2), seed=0)
-        assert method.fuse is False and method.imp_in == []  # nothing tracked at the default share
-        if fuse:  # the full masked fusion, as the loop did before it skipped it
-            method.fuse = True
-            method.imp_in = [torch.zeros_like(p) for p in method.params]
-            method.imp_hist = [torch.zeros_like(p) for p in method.params]
-            method.importance = method.imp_in
+        if not fuse:
+            method = KIF(model, encode(tok, TASK_A), KIFSettings(inner_steps=2), seed=0)
+            assert method.fuse is False and method.imp_in == []  # nothing tracked at the default share
+        else:  # the full masked fusion, as the loop did before it skipped it
+            method = KIF(model, encode(tok, TASK_A), KIFSettings(inner_steps=2), seed=0, fuse=True)
+            assert len(method.imp_in) == len(method.params)
         # 5 examples at batch size 2: a full cycle of 2 task steps and a partial one of 1, each with an outer step
         TrainLoop(method, encode(tok, TASK_B + TASK_C[:1]), pad_id(tok), Schedule(1.0, 2, 1e-2, 0)).run()
         return trainable(model)
