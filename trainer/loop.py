@@ -13,6 +13,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,9 @@ class Schedule:
     seed: int
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0
+    # recompute each decoder layer's activations in backward instead of keeping them (TrainConfig's
+    # gradient_checkpointing); None: on when the model trains on the CPU
+    checkpointing: bool | None = None
 
 
 def batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -80,11 +84,34 @@ def answer_loss(peft_model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     answer tokens only instead of every prompt token: about a fifth less compute for SmolLM2.
     """
     inner = peft_model.get_base_model()  # type: ignore[operator]
-    hidden = inner.get_decoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    decoder = inner.get_decoder()
+    # use_cache False: a KV cache is of no use to a loss, and checkpointing refuses one
+    hidden = decoder(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).last_hidden_state
     targets = batch["labels"][:, 1:]
     keep = targets != -100
     logits = inner.get_output_embeddings()(hidden[:, :-1][keep])
     return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+
+
+@contextmanager
+def recomputed(peft_model: nn.Module, on: bool) -> Iterator[None]:
+    """Gradient checkpointing of the decoder layers while the block holds, the model as it came after.
+
+    Each layer keeps only its input and recomputes the rest in backward. Non-reentrant, so the recompute sees
+    the same dropout masks (the RNG state is restored) and tensors from outside the layer (sapt's mix weights)
+    still get their gradients: the parameters after a step are the same as without it.
+    """
+    inner = peft_model.get_base_model()  # type: ignore[operator]
+    if not on or inner.is_gradient_checkpointing:
+        yield
+        return
+    inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        yield
+    finally:
+        inner.gradient_checkpointing_disable()
 
 
 def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
@@ -178,6 +205,8 @@ class TrainLoop:
         self.total = method.total_steps(self.task_total)
         self.sched = warmup_then_decay(self.opt, self.total, schedule.warmup_ratio)
         self.device = next(method.model.parameters()).device
+        on_cpu = self.device.type == "cpu"
+        self.checkpointing = on_cpu if schedule.checkpointing is None else schedule.checkpointing
         self.meter = ProgressMeter(self.total, on_progress)
         self._task_batches = self._batch_ids()  # kept across `run` calls, so a resumed run takes the next batches
 
@@ -208,11 +237,12 @@ class TrainLoop:
         stop = self.task_total if until is None else min(until, self.task_total)
         self.method.start()
         try:
-            while self.task_steps < stop:
-                self.method.before_task_step(self)
-                ids = next(self._task_batches)
-                self.step([self.encoded[i] for i in ids], ids)
-                self.task_steps += 1
-                self.method.after_task_step(self)
+            with recomputed(self.method.model, self.checkpointing):
+                while self.task_steps < stop:
+                    self.method.before_task_step(self)
+                    ids = next(self._task_batches)
+                    self.step([self.encoded[i] for i in ids], ids)
+                    self.task_steps += 1
+                    self.method.after_task_step(self)
         finally:
             self.method.finish()

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import TrainConfig
+from .config import CHECKPOINTING, TrainConfig
 from .loop import Encoded, Method, Progress, Schedule, TrainLoop
 from .records import Example
 
@@ -87,7 +87,15 @@ def fit(
 
 def schedule_of(cfg: TrainConfig) -> Schedule:
     """The upload's hyperparameters as the loop takes them."""
-    return Schedule(cfg.epochs, cfg.batch_size, cfg.learning_rate, cfg.seed, cfg.weight_decay, cfg.warmup_ratio)
+    return Schedule(
+        cfg.epochs,
+        cfg.batch_size,
+        cfg.learning_rate,
+        cfg.seed,
+        cfg.weight_decay,
+        cfg.warmup_ratio,
+        CHECKPOINTING[cfg.gradient_checkpointing],
+    )
 
 
 def save_adapter(peft_model: nn.Module, folder: Path, base_model_id: str) -> None:

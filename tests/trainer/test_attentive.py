@@ -219,3 +219,31 @@ def test_cancel_gives_the_model_back(trained) -> None:  # type: ignore[no-untype
         )
     assert not any(isinstance(m, MixedLoRALinear) for m in model.modules())
     assert not model.training and all(p.requires_grad for p in model.parameters())
+
+
+def test_checkpointing_gives_the_same_block_key_and_projector(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    """The mix's weights come from the projector outside the decoder layers; recomputing the layers in backward
+    must still send their gradient to the projector and key, and the mix's dropout must draw the same masks."""
+    tok = AutoTokenizer.from_pretrained(str(tiny_base.path))
+    runs = {}
+    for on in ("off", "on"):
+        cfg = dataclasses.replace(CFG, epochs=3, dropout=0.2, gradient_checkpointing=on)
+        torch.manual_seed(0)  # the mix's dropout draws from the global RNG: both runs from the same state
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_base.path)).eval()
+        pooler = TokenPooler(model.get_input_embeddings().weight, tok)
+        first = train_attentive(model, tok, "old", OLD[:8], [], cfg, SAPTState(pooler.dim, SETTINGS), pooler, {}, {})
+        routes = {"old": [e["route_text"] for e in OLD[:3]]}
+        result = train_attentive(
+            model, tok, "new", NEW[:8], [], cfg, first.state, pooler, {"old": first.adapter}, routes
+        )
+        assert not model.is_gradient_checkpointing
+        runs[on] = (first, result)
+    for off, on in zip(runs["off"], runs["on"]):
+        for path, f in off.adapter.modules.items():
+            g = on.adapter.modules[path]
+            assert torch.allclose(f.A, g.A, rtol=0, atol=1e-6) and torch.allclose(f.B, g.B, rtol=0, atol=1e-6), path
+    off_state, on_state = runs["off"][1].state, runs["on"][1].state
+    assert not torch.equal(off_state.keys[1], runs["off"][0].state.keys[0])  # the new key was trained
+    assert torch.allclose(off_state.keys, on_state.keys, rtol=0, atol=1e-6)
+    for name, value in off_state.projector.state_dict().items():
+        assert torch.allclose(value, on_state.projector.state_dict()[name], rtol=0, atol=1e-6), name

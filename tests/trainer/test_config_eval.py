@@ -14,6 +14,23 @@ def test_defaults_and_overrides() -> None:
     assert TrainConfig.from_dict(None) == TrainConfig()
 
 
+def test_gradient_checkpointing_takes_a_choice_or_a_bool_and_reaches_the_schedule() -> None:
+    from skillpool.trainer.lora_train import schedule_of
+
+    seen = {}
+    for raw in ("auto", "on", "off", True, False):
+        cfg = TrainConfig.from_dict({"gradient_checkpointing": raw})
+        seen[raw] = (cfg.gradient_checkpointing, schedule_of(cfg).checkpointing)
+    assert seen == {
+        "auto": ("auto", None),  # the loop decides by device
+        "on": ("on", True),
+        "off": ("off", False),
+        True: ("on", True),  # as transformers' TrainingArguments spells it
+        False: ("off", False),
+    }
+    assert TrainConfig().gradient_checkpointing == "auto"
+
+
 @pytest.mark.parametrize(
     ("raw", "param"),
     [
@@ -37,6 +54,9 @@ def test_defaults_and_overrides() -> None:
         ({"kif_start_trial": 0.5}, "config.kif_start_trial"),
         ({"kif_start": "nearest"}, "config.kif_start"),
         ({"kif_start": 1}, "config.kif_start"),
+        ({"gradient_checkpointing": "sometimes"}, "config.gradient_checkpointing"),
+        ({"gradient_checkpointing": 1}, "config.gradient_checkpointing"),
+        ({"gradient_checkpointing": None}, "config.gradient_checkpointing"),
     ],
 )
 def test_bad_hyperparameters_name_the_field(raw: dict, param: str) -> None:

@@ -373,3 +373,19 @@ def test_settings_are_validated(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         KIFSettings(**{field: value})  # type: ignore[arg-type]
     KIFSettings(top_q=1.0, ema_in=0.0, init_blocks=0)  # the bounds that are allowed
+
+
+@pytest.mark.parametrize("top_q", [1.0, 0.5])
+def test_checkpointing_gives_the_same_kif_block(tiny_base, tok, top_q: float) -> None:  # type: ignore[no-untyped-def]
+    """Task steps, memory steps and (below share 1.0) the importance EMAs and the masked fusion, all of which read
+    the gradients, end at the same parameters with the decoder layers recomputed in backward."""
+    new, memory = encode(tok, TASK_B), encode(tok, TASK_C)
+    settings = KIFSettings(inner_steps=2, top_q=top_q)
+    runs = {}
+    for on in (False, True):
+        model = peft_model(tiny_base, rank=4)
+        train_kif(model, new, memory, pad_id(tok), Schedule(3.0, 2, 1e-2, 0, checkpointing=on), settings)
+        runs[on] = trainable(model)
+    assert any(not torch.equal(v, trainable(peft_model(tiny_base, rank=4))[n]) for n, v in runs[False].items())
+    for name, value in runs[False].items():
+        assert torch.allclose(runs[True][name], value, rtol=0, atol=1e-6), name

@@ -122,3 +122,37 @@ def test_a_run_in_two_parts_is_the_same_training() -> None:
     assert all(torch.equal(trainable(whole)[n], v) for n, v in trainable(parts).items())
     loop.run(until=100)  # past the end: nothing more to do
     assert loop.task_steps == loop.task_total
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_checkpointing_recomputes_the_layers_and_trains_to_the_same_parameters(dropout: float) -> None:
+    """On: each decoder layer runs again in backward (its MLP is called twice a step); the parameters end the same
+    as without it, dropout included (the recompute restores the RNG state); auto (None) is on on the CPU; and the
+    model is given back with checkpointing off."""
+    data = examples(10)
+    runs, calls = {}, {}
+    for setting in (False, True, None):
+        model = add_lora(tiny_llama(), 2, 4.0, dropout, ["q_proj", "v_proj"], seed=0)
+        inner = model.get_base_model()
+        seen: list[int] = []
+        # a pre-hook: the recompute stops as soon as it has what backward needs, before a forward hook would run
+        inner.model.layers[0].mlp.register_forward_pre_hook(lambda *_, seen=seen: seen.append(1))
+        schedule = Schedule(epochs=1.5, batch_size=3, learning_rate=1e-2, seed=4, checkpointing=setting)
+        loop = TrainLoop(Method(model), data, 0, schedule)
+        loop.run()
+        assert not inner.is_gradient_checkpointing and not model.training
+        runs[setting], calls[setting] = trainable(model), len(seen)
+    steps = loop.total
+    assert calls == {False: steps, True: 2 * steps, None: 2 * steps}
+    initial = trainable(add_lora(tiny_llama(), 2, 4.0, 0.0, ["q_proj", "v_proj"], seed=0))
+    assert any(not torch.equal(value, initial[name]) for name, value in runs[False].items())  # it trained
+    for name, value in runs[False].items():
+        assert torch.allclose(runs[True][name], value, rtol=0, atol=1e-6), name
+        assert torch.equal(runs[True][name], runs[None][name]), name
+
+
+def test_checkpointing_left_on_by_the_caller_stays_on() -> None:
+    model = add_lora(tiny_llama(), 2, 4.0, 0.0, ["q_proj", "v_proj"], seed=0)
+    model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    TrainLoop(Method(model), examples(4), 0, Schedule(1.0, 2, 1e-2, 0, checkpointing=False)).run()
+    assert model.get_base_model().is_gradient_checkpointing  # not the loop's to turn off
