@@ -1,11 +1,13 @@
-"""A server's memory after training jobs, with the heap trim after each job off and on (trainer/heap.py).
+"""A server's memory after training jobs, with one setting off and on: the heap trim after each job
+(trainer/heap.py, `--vary trim`, the default) or gradient checkpointing (`--vary checkpointing`, the upload's
+`gradient_checkpointing` "off" against "on").
 
-Two `skillpool serve` processes, one after the other, on fresh data dirs: the first with
-SKILLPOOL_HEAP_TRIM=0, the second with the default. Each trains the same jobs in turn (imdb's long reviews by
+Two `skillpool serve` processes, one after the other, on fresh data dirs: the first with the setting off
+(SKILLPOOL_HEAP_TRIM=0), the second with it on. Each trains the same jobs in turn (imdb's long reviews by
 default: their activations are the largest of the benchmark's tasks) and, after every job, reports the
 server's resident memory (VmRSS) and its peak so far (VmHWM). Prints both and the on/off ratios:
 
-    .venv/bin/python load_tests/bench_memory.py [--tasks imdb yelp] [--train-rows 30] [--epochs 1]
+    .venv/bin/python load_tests/bench_memory.py [--tasks imdb yelp] [--train-rows 30] [--epochs 1] [--vary trim]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -33,11 +36,15 @@ def _status_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-def run(trim: bool, tasks: list[str], n: int, epochs: int) -> list[dict[str, float]]:
+def run(vary: str, on: bool, tasks: list[str], n: int, epochs: int) -> list[dict[str, Any]]:
     from skillpool.server.process import ServerProcess
 
+    trim = on or vary != "trim"
     os.environ["SKILLPOOL_HEAP_TRIM"] = "1" if trim else "0"  # the child server inherits it
-    root = Path(tempfile.mkdtemp(prefix=f"skillpool-memory-{'on' if trim else 'off'}-"))
+    config: dict[str, object] = {"epochs": epochs}
+    if vary == "checkpointing":
+        config["gradient_checkpointing"] = "on" if on else "off"
+    root = Path(tempfile.mkdtemp(prefix=f"skillpool-memory-{vary}-{'on' if on else 'off'}-"))
     out = []
     with ServerProcess(root / "data") as srv:
         assert srv.proc is not None
@@ -47,7 +54,7 @@ def run(trim: bool, tasks: list[str], n: int, epochs: int) -> list[dict[str, flo
         )
         for task in tasks:
             body = "\n".join(json.dumps(r) for r in rows("long_sequence", task, "train", n)).encode()
-            r = upload(srv.url, f"{task}-mem", body, {"epochs": epochs}, force=True)
+            r = upload(srv.url, f"{task}-mem", body, config, force=True)
             if r.status_code != 202:
                 raise SystemExit(f"upload {task}: {r.status_code} {r.text}")
             job = wait_job(srv.url, r.json()["id"], verbose=False)
@@ -55,7 +62,7 @@ def run(trim: bool, tasks: list[str], n: int, epochs: int) -> list[dict[str, flo
             rss, peak = _status_kib(pid, "VmRSS") / MIB, _status_kib(pid, "VmHWM") / MIB
             out.append({"job": f"{task} ({job['status']})", "rss": rss, "peak": peak})
             print(
-                f"  trim {'on ' if trim else 'off'} after {task}: RSS {rss:,.0f} MiB, peak {peak:,.0f} MiB", flush=True
+                f"  {vary} {'on ' if on else 'off'} after {task}: RSS {rss:,.0f} MiB, peak {peak:,.0f} MiB", flush=True
             )
         httpx.get(srv.url + "/healthz", timeout=10).raise_for_status()
     return out
@@ -66,10 +73,12 @@ def main() -> int:
     ap.add_argument("--tasks", nargs="+", default=["imdb", "yelp"])
     ap.add_argument("--train-rows", type=int, default=30)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--vary", choices=("trim", "checkpointing"), default="trim", help="the setting turned off, then on")
     args = ap.parse_args()
-    off = run(False, args.tasks, args.train_rows, args.epochs)
-    on = run(True, args.tasks, args.train_rows, args.epochs)
-    print(f"\n{'after':<22} {'RSS off':>9} {'RSS on':>9} {'on/off':>7} {'peak off':>9} {'peak on':>9}")
+    off = run(args.vary, False, args.tasks, args.train_rows, args.epochs)
+    on = run(args.vary, True, args.tasks, args.train_rows, args.epochs)
+    print(f"\n{args.vary} off, then on")
+    print(f"{'after':<22} {'RSS off':>9} {'RSS on':>9} {'on/off':>7} {'peak off':>9} {'peak on':>9}")
     for a, b in zip(off, on):
         print(
             f"{a['job']:<22} {a['rss']:>9,.0f} {b['rss']:>9,.0f} {b['rss'] / a['rss']:>7.2f} "
