@@ -107,11 +107,17 @@ def recomputed(peft_model: nn.Module, on: bool) -> Iterator[None]:
     if not on or checkpointing_active(inner):
         yield
         return
+    embeddings = inner.get_input_embeddings()
+    hooks = dict(embeddings._forward_hooks)
     set_checkpointing(inner, True)
     try:
         yield
     finally:
         set_checkpointing(inner, False)
+        # enabling also hooked the input embeddings (outputs that require grad) and disabling leaves that hook
+        # unless transformers' own PEFT integration loaded the adapter: one more hook a job on a reused model
+        for key in set(embeddings._forward_hooks) - set(hooks):
+            del embeddings._forward_hooks[key]
 
 
 def _api(model: Any) -> str:
