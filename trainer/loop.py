@@ -115,7 +115,8 @@ def recomputed(peft_model: nn.Module, on: bool) -> Iterator[None]:
     finally:
         set_checkpointing(inner, False)
         # enabling also hooked the input embeddings (outputs that require grad) and disabling leaves that hook
-        # unless transformers' own PEFT integration loaded the adapter: one more hook a job on a reused model
+        # unless transformers' own PEFT integration loaded the adapter: one more hook for every run on the same
+        # model (kif's start trials, the seq baseline's tasks)
         for key in set(embeddings._forward_hooks) - set(hooks):
             del embeddings._forward_hooks[key]
 
