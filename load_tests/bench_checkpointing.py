@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -22,16 +23,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows  # noqa: E402
+from load_tests.common import rows, status_kib  # noqa: E402
 
 GIB = 1024**3
-
-
-def _vm_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def child(on: bool, n_rows: int, group: str, task: str) -> dict[str, Any]:
@@ -60,13 +54,15 @@ def child(on: bool, n_rows: int, group: str, task: str) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated() / GIB
     else:
-        before = _vm_kib("VmRSS") * 1024 / GIB
+        before = status_kib(os.getpid(), "VmRSS") * 1024 / GIB
     t0 = time.perf_counter()
     loop.run()
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - t0) / loop.total
-    peak = torch.cuda.max_memory_allocated() / GIB if device == "cuda" else _vm_kib("VmHWM") * 1024 / GIB
+    peak = (
+        torch.cuda.max_memory_allocated() / GIB if device == "cuda" else status_kib(os.getpid(), "VmHWM") * 1024 / GIB
+    )
     tokens = sum(len(e[0]) for e in encoded) / len(encoded)
     return {"device": device, "before": before, "peak": peak, "s_per_step": seconds, "tokens_per_row": tokens}
 

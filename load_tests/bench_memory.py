@@ -24,16 +24,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows, upload, wait_job  # noqa: E402
+from load_tests.common import rows, status_kib, upload, wait_job  # noqa: E402
 
 MIB = 1024
-
-
-def _status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
 
 
 def run(vary: str, on: bool, tasks: list[str], n: int, epochs: int) -> list[dict[str, Any]]:
@@ -49,9 +42,7 @@ def run(vary: str, on: bool, tasks: list[str], n: int, epochs: int) -> list[dict
     with ServerProcess(root / "data") as srv:
         assert srv.proc is not None
         pid = srv.proc.pid
-        out.append(
-            {"job": "(started)", "rss": _status_kib(pid, "VmRSS") / MIB, "peak": _status_kib(pid, "VmHWM") / MIB}
-        )
+        out.append({"job": "(started)", "rss": status_kib(pid, "VmRSS") / MIB, "peak": status_kib(pid, "VmHWM") / MIB})
         for task in tasks:
             body = "\n".join(json.dumps(r) for r in rows("long_sequence", task, "train", n)).encode()
             r = upload(srv.url, f"{task}-mem", body, config, force=True)
@@ -59,7 +50,7 @@ def run(vary: str, on: bool, tasks: list[str], n: int, epochs: int) -> list[dict
                 raise SystemExit(f"upload {task}: {r.status_code} {r.text}")
             job = wait_job(srv.url, r.json()["id"], verbose=False)
             time.sleep(2)  # the worker trims in run_job's finally, after it marked the job done
-            rss, peak = _status_kib(pid, "VmRSS") / MIB, _status_kib(pid, "VmHWM") / MIB
+            rss, peak = status_kib(pid, "VmRSS") / MIB, status_kib(pid, "VmHWM") / MIB
             out.append({"job": f"{task} ({job['status']})", "rss": rss, "peak": peak})
             print(
                 f"  {vary} {'on ' if on else 'off'} after {task}: RSS {rss:,.0f} MiB, peak {peak:,.0f} MiB", flush=True

@@ -24,6 +24,14 @@ def rows(group: str, task: str, split: str, n: int | None = None) -> list[dict[s
     return [json.loads(x) for x in (lines[:n] if n else lines)]
 
 
+def status_kib(pid: int, field: str) -> int:
+    """A kB field of /proc/PID/status: VmRSS (resident now), VmHWM (the most it has held)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
 def user_text(row: dict[str, Any]) -> str:
     """What a chat user sends for a benchmark row: instruction + input, as the router is evaluated."""
     return task_text(row, "with-instruction")
