@@ -40,10 +40,11 @@ class TrainConfig:
     dropout: float = 0.05
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     max_seq_len: int = 512
-    # recompute each decoder layer's activations in backward instead of keeping them. "auto": on when training
-    # runs on the CPU, off on a GPU. On 2 CPU cores (load_tests/bench_checkpointing.py) a step's peak memory
-    # fell 9.2 → 3.5 GiB at 0.89× the time on 512-token yelp batches, 5.6 → 2.5 GiB at 1.16× on 200-token
-    # agnews ones; a server training imdb peaked at 4.8 GB instead of 10.2. Not measured on a GPU
+    # recompute each decoder layer's activations in backward instead of keeping them. "auto": on the CPU for
+    # the steps whose padded batch holds at least 2,048 tokens (Schedule.checkpoint_tokens), off on a GPU. On 2
+    # CPU cores (load_tests/bench_checkpointing.py, yelp's 512-token rows) a step's peak memory fell 9.2 → 3.5
+    # GiB at 0.89× the time with 8 rows a batch, 5.1 → 2.4 GiB at 1.30× with 4, 3.0 → 1.8 GiB at 1.38× with 2:
+    # smaller batches fit anyway and pay for the recompute. Not measured on a GPU
     gradient_checkpointing: str = "auto"
     warmup_ratio: float = 0.06
     weight_decay: float = 0.0

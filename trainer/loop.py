@@ -48,8 +48,11 @@ class Schedule:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0
     # recompute each decoder layer's activations in backward instead of keeping them (TrainConfig's
-    # gradient_checkpointing); None: on when the model trains on the CPU
+    # gradient_checkpointing); None ("auto"): on the CPU, for the steps whose padded batch (rows × width) holds
+    # at least `checkpoint_tokens` tokens. Those set the peak, and recompute is about free on them; shorter
+    # batches fit anyway and run faster without it (load_tests/bench_checkpointing.py)
     checkpointing: bool | None = None
+    checkpoint_tokens: int = 2048
 
 
 def batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -96,22 +99,30 @@ def answer_loss(peft_model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
 
 
 @contextmanager
-def recomputed(peft_model: nn.Module, on: bool) -> Iterator[None]:
-    """Gradient checkpointing of the decoder layers while the block holds, the model as it came after.
+def recomputed(peft_model: nn.Module, on: bool) -> Iterator[Callable[[bool], None]]:
+    """Gradient checkpointing of the decoder layers while the block holds, the model as it came after. Yields a
+    switch that turns the recompute off and on between steps (flags only, no model walk).
 
     Each layer keeps only its input and recomputes the rest in backward. Non-reentrant, so the recompute sees
     the same dropout masks (the RNG state is restored) and tensors from outside the layer (sapt's mix weights)
     still get their gradients: the parameters after a step are the same as without it.
     """
     inner = peft_model.get_base_model()  # type: ignore[operator]
-    if not on or checkpointing_active(inner):
-        yield
+    if not on or checkpointing_active(inner):  # off, or the caller's own setting: not the loop's to switch
+        yield _keep
         return
     embeddings = inner.get_input_embeddings()
     hooks = dict(embeddings._forward_hooks)
     set_checkpointing(inner, True)
+    # the modules whose flag the forward reads: the decoder layers (or, on older releases, the decoder)
+    flagged = [m for m in inner.modules() if getattr(m, "gradient_checkpointing", None) is True]
+
+    def switch(recompute: bool) -> None:
+        for module in flagged:
+            module.gradient_checkpointing = recompute
+
     try:
-        yield
+        yield switch
     finally:
         set_checkpointing(inner, False)
         # enabling also hooked the input embeddings (outputs that require grad) and disabling leaves that hook
@@ -119,6 +130,10 @@ def recomputed(peft_model: nn.Module, on: bool) -> Iterator[None]:
         # model (kif's start trials, the seq baseline's tasks)
         for key in set(embeddings._forward_hooks) - set(hooks):
             del embeddings._forward_hooks[key]
+
+
+def _keep(recompute: bool) -> None:
+    """The switch when the loop does not own checkpointing: leave it as it is."""
 
 
 def _api(model: Any) -> str:
@@ -232,8 +247,11 @@ class TrainLoop:
         self.total = method.total_steps(self.task_total)
         self.sched = warmup_then_decay(self.opt, self.total, schedule.warmup_ratio)
         self.device = next(method.model.parameters()).device
-        on_cpu = self.device.type == "cpu"
-        self.checkpointing = on_cpu if schedule.checkpointing is None else schedule.checkpointing
+        # the padded batch size from which a step recomputes its layers' activations; None: never
+        self.recompute_from: int | None = None
+        if schedule.checkpointing or (schedule.checkpointing is None and self.device.type == "cpu"):
+            self.recompute_from = 0 if schedule.checkpointing else schedule.checkpoint_tokens
+        self._recompute: Callable[[bool], None] = _keep  # run's switch while it holds checkpointing
         self.meter = ProgressMeter(self.total, on_progress)
         self._task_batches = self._batch_ids()  # kept across `run` calls, so a resumed run takes the next batches
 
@@ -248,6 +266,7 @@ class TrainLoop:
         if self.should_stop is not None and self.should_stop():
             raise Cancelled()
         batch = {k: v.to(self.device) for k, v in collate(items, self.pad_token_id).items()}
+        self._recompute(self.recompute_from is not None and batch["input_ids"].numel() >= self.recompute_from)
         loss, answer = self.method.loss(batch, ids)
         loss.backward()
         self.method.after_backward(self)
@@ -264,7 +283,7 @@ class TrainLoop:
         stop = self.task_total if until is None else min(until, self.task_total)
         self.method.start()
         try:
-            with recomputed(self.method.model, self.checkpointing):
+            with recomputed(self.method.model, self.recompute_from is not None) as self._recompute:
                 while self.task_steps < stop:
                     self.method.before_task_step(self)
                     ids = next(self._task_batches)
@@ -272,4 +291,5 @@ class TrainLoop:
                     self.task_steps += 1
                     self.method.after_task_step(self)
         finally:
+            self._recompute = _keep
             self.method.finish()

@@ -133,33 +133,65 @@ def test_a_run_in_two_parts_is_the_same_training() -> None:
     assert loop.task_steps == loop.task_total
 
 
+class Steps(Method):
+    """Plain training that records, per step, the (rows, width) of every call into the first layer's MLP: one
+    call in the forward, and a second in backward when the step recomputes."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        self.steps: list[list[tuple[int, int]]] = [[]]
+        # a pre-hook: the recompute stops as soon as it has what backward needs, before a forward hook would run
+        mlp = model.get_base_model().model.layers[0].mlp
+        mlp.register_forward_pre_hook(lambda _, args: self.steps[-1].append(tuple(args[0].shape[:2])))
+
+    def after_backward(self, loop: TrainLoop) -> None:
+        self.steps.append([])
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_checkpointing_recomputes_the_layers_and_trains_to_the_same_parameters(dropout: float) -> None:
-    """On: each decoder layer runs again in backward (its MLP is called twice a step); the parameters end the same
-    as without it, dropout included (the recompute restores the RNG state); auto (None) is on on the CPU; and the
-    model is given back with checkpointing off."""
+    """On: each decoder layer runs again in backward in every step; auto (None) on the CPU: in the steps whose
+    padded batch holds at least checkpoint_tokens tokens, and only those. The parameters end the same as without
+    it, dropout included (the recompute restores the RNG state), and the model is given back with checkpointing
+    off."""
     data = examples(10)
-    runs, calls = {}, {}
+    sizes = sorted(len(data[i][0]) * 3 for i in range(10))  # batches of 3: padded sizes lie around these
+    runs, steps = {}, {}
     for setting in (False, True, None):
         model = add_lora(tiny_llama(), 2, 4.0, dropout, ["q_proj", "v_proj"], seed=0)
         inner = model.get_base_model()
-        seen: list[int] = []
-        # a pre-hook: the recompute stops as soon as it has what backward needs, before a forward hook would run
-        inner.model.layers[0].mlp.register_forward_pre_hook(lambda *_, seen=seen: seen.append(1))
-        schedule = Schedule(epochs=1.5, batch_size=3, learning_rate=1e-2, seed=4, checkpointing=setting)
-        loop = TrainLoop(Method(model), data, 0, schedule)
+        schedule = Schedule(1.5, 3, 1e-2, 4, checkpointing=setting, checkpoint_tokens=sizes[5])
+        method = Steps(model)
+        loop = TrainLoop(method, data, 0, schedule)
         loop.run()
         loop.run(until=loop.task_total + 1)  # nothing left to train: the model is still given back as it came
         assert not checkpointing_active(inner) and not model.training
         assert not inner.get_input_embeddings()._forward_hooks  # no input-grad hook left behind
-        runs[setting], calls[setting] = trainable(model), len(seen)
-    steps = loop.total
-    assert calls == {False: steps, True: 2 * steps, None: 2 * steps}
+        runs[setting], steps[setting] = trainable(model), method.steps[:-1]
+    assert len(steps[False]) == loop.total
+    assert all(len(calls) == 1 for calls in steps[False])
+    assert all(len(calls) == 2 for calls in steps[True])
+    recomputed = [len(calls) == 2 for calls in steps[None]]
+    assert recomputed == [rows * width >= sizes[5] for (rows, width), *_ in steps[None]]
+    assert any(recomputed) and not all(recomputed)  # the threshold splits this run's steps
     initial = trainable(add_lora(tiny_llama(), 2, 4.0, 0.0, ["q_proj", "v_proj"], seed=0))
     assert any(not torch.equal(value, initial[name]) for name, value in runs[False].items())  # it trained
     for name, value in runs[False].items():
         assert torch.allclose(runs[True][name], value, rtol=0, atol=1e-6), name
-        assert torch.equal(runs[True][name], runs[None][name]), name
+        assert torch.allclose(runs[None][name], value, rtol=0, atol=1e-6), name
+
+
+def test_auto_checkpointing_goes_by_the_device_and_on_and_off_by_the_setting() -> None:
+    """Auto recomputes from checkpoint_tokens on the CPU and never elsewhere (a meta-device model stands in for a
+    GPU: the rule reads only the parameters' device); on recomputes every step, off none."""
+
+    def recompute_from(model: torch.nn.Module, setting: bool | None) -> int | None:
+        schedule = Schedule(1.0, 2, 1e-2, 0, checkpointing=setting, checkpoint_tokens=77)
+        return TrainLoop(Method(model), examples(4), 0, schedule).recompute_from
+
+    cpu, elsewhere = peft_model(), peft_model().to("meta")
+    assert [recompute_from(cpu, s) for s in (None, True, False)] == [77, 0, None]
+    assert [recompute_from(elsewhere, s) for s in (None, True, False)] == [None, 0, None]
 
 
 def test_checkpointing_left_on_by_the_caller_stays_on() -> None:
