@@ -42,9 +42,9 @@ class TrainConfig:
     max_seq_len: int = 512
     # recompute each decoder layer's activations in backward instead of keeping them. "auto": on the CPU for
     # the steps whose padded batch holds at least 2,048 tokens (Schedule.checkpoint_tokens), off on a GPU. On 2
-    # CPU cores (load_tests/bench_checkpointing.py, yelp's 512-token rows) a step's peak memory fell 9.2 → 3.5
-    # GiB at 0.89× the time with 8 rows a batch, 5.1 → 2.4 GiB at 1.30× with 4, 3.0 → 1.8 GiB at 1.38× with 2:
-    # smaller batches fit anyway and pay for the recompute. Not measured on a GPU
+    # CPU cores (load_tests/bench_checkpointing.py, yelp's 512-token rows) a step's peak fell 9.0 → 3.6 GiB at
+    # 1.22× the time with 8 rows a batch, 5.1 → 2.4 GiB at 1.30× with 4, 3.1 → 1.7 GiB at 1.67× with 2: smaller
+    # batches fit without it and pay the most for it. Not measured on a GPU
     gradient_checkpointing: str = "auto"
     warmup_ratio: float = 0.06
     weight_decay: float = 0.0
