@@ -119,6 +119,20 @@ class Baselines:
         return out
 
 
+def logged_result(kind: str, lines: list[dict[str, Any]], names: list[str]) -> Any:
+    """A finished side's result, as `Baselines.<kind>` returns it, from its progress-log lines (--resume keeps
+    the sides that finished before the cut)."""
+    if kind == "mtl":
+        return [lines[-1]["rows"][n] for n in names]
+    if kind == "single":
+        return [line["rows"][line["after"]] for line in lines]
+    matrix: list[list[float | None]] = [[None] * len(names) for _ in names]
+    for j, line in enumerate(lines):
+        for i in range(j + 1):
+            matrix[j][i] = row_mean(line["rows"][names[i]])
+    return matrix, [lines[-1]["rows"][n] for n in names], [line["rows"][names[j]] for j, line in enumerate(lines)]
+
+
 def _one_side(kind: str, model_path: Path, cfg: TrainConfig, tasks: list[Task], log: ProgressLog, share: int) -> Any:
     """A baseline in a process of its own: its result, training seconds and tokens. On a CPU the sides and the
     server split the cores (`share` ways): full thread pools on the same cores slow every side many times over."""
@@ -135,8 +149,17 @@ class BaselineSides:
     is called, after the server's sequence. With `parallel` each starts in its own process on entry; leaving
     the block stops any still running, so a failed server sequence does not leave them training."""
 
-    def __init__(self, baselines: Baselines, kinds: list[str], tasks: list[Task], parallel: bool) -> None:
-        self.bl, self.kinds, self.tasks, self.parallel = baselines, kinds, tasks, parallel
+    def __init__(
+        self,
+        baselines: Baselines,
+        kinds: list[str],
+        tasks: list[Task],
+        parallel: bool,
+        kept: dict[str, Any] | None = None,
+    ) -> None:
+        self.bl, self.tasks, self.parallel = baselines, tasks, parallel
+        self.kept = kept or {}  # results of sides an earlier run finished (--resume): not run again
+        self.kinds = [k for k in kinds if k not in self.kept]
         self._pool: Any = None
         self._pending: dict[str, Any] = {}
 
@@ -160,9 +183,9 @@ class BaselineSides:
                     raise RuntimeError(f"the {kind} baseline failed: {type(e).__name__}: {e}") from e
 
     def results(self) -> dict[str, Any]:
+        out = dict(self.kept)
         if not self._pending:
-            return {k: getattr(self.bl, k)(self.tasks) for k in self.kinds}
-        out = {}
+            return out | {k: getattr(self.bl, k)(self.tasks) for k in self.kinds}
         for kind, pending in self._pending.items():
             out[kind], train_s, tokens = pending.get()
             self.bl.train_s += train_s

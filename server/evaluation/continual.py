@@ -13,6 +13,8 @@ read from an isolated run's JSON (--reference) or trained here. The final row's 
 (`row_scores`), so every AP comes with a bootstrap interval and the method's AP minus each baseline's with a
 paired one (`vs_baselines`): all sides answer the same test rows. Each task's rows right after it was learned
 (`diagonal_rows`) and trained alone (`single_task_rows`, also read from --reference) give FWT a paired interval.
+--resume goes on with a run that was cut short (a GPU lease ended): on the same --data-dir and --json, it keeps
+the steps the log holds and the skills the server trained, and measures only the rest.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from skillpool.trainer.records import Example, JobStatus
 from skillpool.trainer.scoring import metric_for, score
 from skillpool.trainer.worker import split_examples
 
-from .baselines import Baselines, BaselineSides
+from .baselines import Baselines, BaselineSides, logged_result
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
 from .continual_report import plot, print_table
-from .progress_log import ProgressLog, log_path
+from .progress_log import RUN, ProgressLog, log_path, read_log
 from .tasks import task_lines
 
 BASELINES = ("oracle", "seq", "mtl")
@@ -57,6 +59,44 @@ class Task:
     def row_scores(self, answers: list[str]) -> list[float]:
         """Each test row's score in points (0-100), by the task's metric."""
         return [100 * score(self.metric, a, e["answer"]) for a, e in zip(answers, self.test, strict=True)]
+
+
+@dataclass
+class Earlier:
+    """What a cut-short run with the same setup measured, kept by --resume: the server side's steps (the method's
+    line and the forced line) for its first tasks, and the baseline sides that finished, by their lines."""
+
+    server: list[tuple[dict[str, Any], dict[str, Any]]]
+    sides: dict[str, list[dict[str, Any]]]
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [line for step in self.server for line in step] + [line for s in self.sides.values() for line in s]
+
+
+def earlier_steps(
+    lines: list[dict[str, Any]], setup: dict[str, Any], method: str, names: list[str], kinds: list[str]
+) -> Earlier:
+    """The steps of a progress log that a resumed run keeps. The server side goes on after the longest prefix
+    of tasks it scored whole; a baseline side is kept only when it finished (a side restarts from its start, as
+    seq's one LoRA is not stored)."""
+    if not lines or lines[0].get("side") != RUN:
+        raise SystemExit("--resume: the progress log does not start with its run's setup (written before --resume?)")
+    before = lines[0]["setup"]
+    for key, value in setup.items():
+        if before.get(key) != value:
+            raise SystemExit(f"--resume: the cut run had {key} {before.get(key)!r}, this one {value!r}")
+    last = {(x["side"], x["after"]): x for x in lines[1:]}  # a step measured twice: the later line
+    server = []
+    for name in names:
+        if (method, name) not in last or ("forced", name) not in last:
+            break
+        server.append((last[method, name], last["forced", name]))
+    sides = {}
+    for kind in kinds:
+        mine = [x for x in lines[1:] if x["side"] == kind]
+        if [x["after"] for x in mine] == (names[-1:] if kind == "mtl" else names):
+            sides[kind] = mine
+    return Earlier(server, sides)
 
 
 def _read_rows(folder: Path, split: str, limit: int | None) -> bytes:
@@ -123,6 +163,36 @@ def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[st
     return [a for a, _ in out], [h for _, h in out]
 
 
+def _train(
+    url: str, gone: Callable[[], str | None], args: argparse.Namespace, cfg: TrainConfig, task: Task, label: str
+) -> Any:
+    """Upload the task's rows to POST /tasks and follow the job to its end: the job's last record."""
+    import httpx
+
+    from ..follow import follow
+
+    data = {
+        "name": task.name,
+        "method": args.method,
+        "config": json.dumps(cfg.to_dict()),
+        "force": str(args.force).lower(),
+    }
+    r = httpx.post(url + "/tasks", files={"file": (f"{task.name}.jsonl", task.train_body)}, data=data, timeout=300)
+    if r.status_code != 202:
+        raise SystemExit(f"upload of {task.name} refused: {r.status_code} {r.text}")
+    return follow(url, r.json()["id"], label, gone=gone)
+
+
+def _trained_skills(url: str) -> dict[str, dict[str, Any]]:
+    """Skill name → the last job that trained it to the end, from the server's job records (they survive a
+    restart): what a cut run finished."""
+    import httpx
+
+    jobs = httpx.get(url + "/tasks", timeout=60).raise_for_status().json()["data"]
+    done = sorted((j for j in jobs if j["status"] == JobStatus.SUCCEEDED), key=lambda j: j["finished_at"] or 0)
+    return {j["skill"]: j for j in done}
+
+
 def run_server_sequence(
     args: argparse.Namespace,
     tasks: list[Task],
@@ -130,11 +200,10 @@ def run_server_sequence(
     data_dir: Path,
     log: ProgressLog | None = None,
     between: Callable[[], None] | None = None,  # after each task: raises if a side beside the server failed
+    earlier: Earlier | None = None,  # --resume: the steps the cut run measured (the data dir has its skills)
 ) -> dict[str, Any]:
-    import httpx
     from openai import OpenAI
 
-    from ..follow import follow
     from ..process import ServerProcess
 
     mode = args.router_mode or ("sapt" if args.method == "sapt" else "dtkr")
@@ -148,21 +217,22 @@ def run_server_sequence(
     jobs: list[dict[str, Any]] = []
     eval_s = 0.0
     log = log or ProgressLog()
+    names = [task.name for task in tasks]
+    kept = earlier.server if earlier is not None else []
     with ServerProcess(data_dir, extra) as srv:
         client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=1800)
+        trained = _trained_skills(srv.url) if earlier is not None else {}
         for j, task in enumerate(tasks):
-            data = {
-                "name": task.name,
-                "method": args.method,
-                "config": json.dumps(cfg.to_dict()),
-                "force": str(args.force).lower(),
-            }
-            r = httpx.post(
-                srv.url + "/tasks", files={"file": (f"{task.name}.jsonl", task.train_body)}, data=data, timeout=300
-            )
-            if r.status_code != 202:
-                raise SystemExit(f"upload of {task.name} refused: {r.status_code} {r.text}")
-            job = follow(srv.url, r.json()["id"], f"[{j + 1}/{t}] {task.name} ({args.method})", gone=srv.exited)
+            if task.name in trained:  # trained before the cut: scored, not trained again
+                job = trained[task.name]
+                print(f"[{j + 1}/{t}] {task.name}: trained before the cut (job {job['id']})", flush=True)
+            elif j < len(kept):
+                raise SystemExit(
+                    f"--resume: the log scored {task.name}, but the data dir {data_dir} has no skill of that name: "
+                    "not the cut run's --data-dir?"
+                )
+            else:
+                job = _train(srv.url, srv.exited, args, cfg, task, f"[{j + 1}/{t}] {task.name} ({args.method})")
             jobs.append(
                 {k: job.get(k) for k in ("skill", "status", "error", "eval", "progress", "started_at", "finished_at")}
             )
@@ -172,24 +242,30 @@ def run_server_sequence(
                     + ("" if args.force else " (--force registers anyway)")
                 )
             t0 = time.perf_counter()
-            step_rows: dict[str, list[float]] = {}
-            for i in range(j + 1):  # model=auto: what a user gets, after every task
-                answers, headers = _ask(client, "auto", tasks[i], args.concurrency)
-                scored = step_rows[tasks[i].name] = tasks[i].row_scores(answers)
-                matrix[j][i] = row_mean(scored)
-                routed[j][i] = 100 * sum(h.split("=")[0] == tasks[i].name for h in headers) / len(headers)
-                if j == t - 1:
-                    rows["auto"].append(scored)
-                if i == j:
-                    diagonal.append(scored)
-            answers, _ = _ask(client, task.name, task, args.concurrency)
-            rows["oracle"].append(task.row_scores(answers))  # a frozen block: its final row is this
+            if j < len(kept):
+                line, forced = kept[j]
+                step_rows, own, forced_rows = line["rows"], line["routed_to_own_skill"], forced["rows"][task.name]
+            else:
+                step_rows, own = {}, {}
+                for earlier_task in tasks[: j + 1]:  # model=auto: what a user gets, after every task
+                    answers, headers = _ask(client, "auto", earlier_task, args.concurrency)
+                    step_rows[earlier_task.name] = earlier_task.row_scores(answers)
+                    own[earlier_task.name] = (
+                        100 * sum(h.split("=")[0] == earlier_task.name for h in headers) / len(headers)
+                    )
+                answers, _ = _ask(client, task.name, task, args.concurrency)
+                forced_rows = task.row_scores(answers)
+                log.scored(args.method, task.name, step_rows, routed_to_own_skill=own)
+                log.scored("forced", task.name, {task.name: forced_rows})
+            for i, name in enumerate(names[: j + 1]):
+                matrix[j][i], routed[j][i] = row_mean(step_rows[name]), own[name]
+            if j == t - 1:
+                rows["auto"] = [step_rows[name] for name in names]
+            diagonal.append(step_rows[task.name])
+            rows["oracle"].append(forced_rows)  # a frozen block: its final row is this
             for jj in range(j, t):
-                oracle[jj][j] = row_mean(rows["oracle"][-1])
+                oracle[jj][j] = row_mean(forced_rows)
             eval_s += time.perf_counter() - t0
-            own = {tasks[i].name: routed[j][i] for i in range(j + 1)}
-            log.scored(args.method, task.name, step_rows, routed_to_own_skill=own)
-            log.scored("forced", task.name, {task.name: rows["oracle"][-1]})
             # the whole row on stdout too, for a reader watching the run
             print(
                 f"after {task.name}: "
@@ -244,6 +320,22 @@ def _reference_single(
     return [float(single[t.name]) for t in tasks], [[float(v) for v in per_row[t.name]] for t in tasks]
 
 
+def run_setup(args: argparse.Namespace, tasks: list[Task], model_id: str) -> dict[str, Any]:
+    """What a resumed run must share with the run it goes on with (the progress log's first line)."""
+    return {
+        "tasks": [t.name for t in tasks],
+        "method": args.method,
+        "train_limit": args.train_limit,
+        "test_limit": args.test_limit,
+        "train_config": args.train_config.to_dict(),
+        "metric": args.metric,
+        "max_new_tokens": args.max_new_tokens,
+        "router_mode": args.router_mode,
+        "model": model_id,
+        "force": args.force,
+    }
+
+
 def _with_metrics(matrix: list[list[float | None]], single: list[float] | None) -> dict[str, Any]:
     return {**cl_metrics(matrix, single), "matrix": matrix, "ap_curve": ap_curve(matrix)}
 
@@ -263,13 +355,29 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     set_budgets(tasks, AutoTokenizer.from_pretrained(str(base.path)), args.max_new_tokens)
     reference = _reference_single(args.reference, tasks, args) if args.reference and args.method != "isolated" else None
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="skillpool-continual-")) / "data"
-    log = ProgressLog.fresh(log_path(args.json))
-    bl = Baselines(base.path, cfg, log)
     # an isolated block is trained alone on the base model: the server's oracle rows are the trained-alone rows
     need_single = args.method != "isolated" and reference is None
     kinds = ["single"] * need_single + [k for k in ("seq", "mtl") if k in baselines]
-    with BaselineSides(bl, kinds, tasks, args.parallel) as sides:
-        server = run_server_sequence(args, tasks, cfg, data_dir, log, between=sides.check)
+    setup = run_setup(args, tasks, base.model_id)
+    earlier = None
+    if args.resume:
+        names = [t.name for t in tasks]
+        earlier = earlier_steps(read_log(log_path(args.json)), setup, args.method, names, kinds)
+        log = ProgressLog.rewrite(log_path(args.json), [{"side": RUN, "setup": setup}, *earlier.lines()])
+        print(
+            f"resuming: {len(earlier.server)} of {len(tasks)} tasks scored before the cut; finished sides kept: "
+            + (", ".join(earlier.sides) or "none"),
+            flush=True,
+        )
+    else:
+        log = ProgressLog.fresh(log_path(args.json), setup)
+    bl = Baselines(base.path, cfg, log)
+    kept = {
+        kind: logged_result(kind, lines, [t.name for t in tasks])
+        for kind, lines in (earlier or Earlier([], {})).sides.items()
+    }
+    with BaselineSides(bl, kinds, tasks, args.parallel, kept) as sides:
+        server = run_server_sequence(args, tasks, cfg, data_dir, log, between=sides.check, earlier=earlier)
         side = sides.results()
     single_rows: list[list[float]] | None
     if args.method == "isolated":
@@ -342,6 +450,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                 "data_dir": str(data_dir),
                 "server_args": getattr(args, "server_args", ""),
                 "parallel": args.parallel,
+                # --resume: what this run kept from the cut one (its times count only what this run did)
+                "resumed": None
+                if earlier is None
+                else {"server_tasks": len(earlier.server), "sides": sorted(earlier.sides)},
             },
         }
     )
@@ -384,6 +496,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "instead of after it: for a GPU, which they share; on a CPU they only split its cores",
     )
     p.add_argument("--data-dir", type=Path, default=None, help="the server's data dir (default: a fresh temp dir)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with a run that was cut short, with its --data-dir and --json: keep the steps its progress log "
+        "holds and the skills it trained, and measure the rest",
+    )
     p.add_argument("--model", type=Path, default=None, help="local base checkpoint (default: the packaged SmolLM2)")
     p.add_argument(
         "--server-args",
@@ -411,6 +529,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"--server-args: {flag}: the run sets --port and --data-dir itself, and --router-mode and --model "
                 "through its own options of those names"
             )
+    if args.resume and (args.data_dir is None or not args.data_dir.is_dir()):
+        raise SystemExit("--resume: give the cut run's --data-dir (its trained skills)")
+    if args.resume and not log_path(args.json).is_file():
+        raise SystemExit(f"--resume: no progress log {log_path(args.json)} (the cut run's --json sets it)")
     args.baselines = [b for b in args.baselines.split(",") if b]
     unknown = sorted(set(args.baselines) - set(BASELINES))
     if unknown:

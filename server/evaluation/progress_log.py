@@ -5,6 +5,9 @@ A run can be cut short (a GPU lease ends, the machine reboots) long after most o
 `<stem>.progress.jsonl`, and every line is complete on its own: the side (the method, "forced", "seq", "mtl"
 or "single"), the task just learned, each scored task's mean and its per-row scores. With --parallel the sides
 are separate processes, so each line goes out as one O_APPEND write and lines never interleave.
+
+The first line (side "run") records the run's setup, so that `eval continual --resume` can check that it goes
+on with the same tasks, limits and hyperparameters, and keep the steps measured before the cut.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .continual_metrics import row_mean
+
+RUN = "run"  # the first line's side: the run's setup
 
 
 def log_path(json_path: Path) -> Path:
@@ -31,10 +36,19 @@ class ProgressLog:
     path: Path | None = None
 
     @classmethod
-    def fresh(cls, path: Path) -> ProgressLog:
-        """A log that starts empty: a rerun with the same --json does not mix its lines with the last run's."""
+    def fresh(cls, path: Path, setup: dict[str, Any] | None = None) -> ProgressLog:
+        """A log that starts anew, with the run's setup as its first line: a rerun with the same --json does not
+        mix its lines with the last run's."""
+        return cls.rewrite(path, [] if setup is None else [{"side": RUN, "setup": setup}])
+
+    @classmethod
+    def rewrite(cls, path: Path, lines: list[dict[str, Any]]) -> ProgressLog:
+        """A log holding just these lines (a resumed run's: the setup and the steps it keeps), swapped in whole,
+        so that a crash leaves the old log or the new one, never a mix."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        os.replace(tmp, path)
         return cls(path)
 
     def scored(self, side: str, after: str, rows: dict[str, list[float]], **extra: Any) -> None:

@@ -29,3 +29,13 @@ def test_in_process_sides_run_when_their_results_are_asked_for(tiny_base) -> Non
         sides.check()  # in-process: nothing runs before results()
         with pytest.raises(AttributeError):
             sides.results()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_side_kept_from_a_cut_run_is_not_run_again(tiny_base, parallel: bool) -> None:  # type: ignore[no-untyped-def]
+    # "nope" would fail if it ran (above); kept, its logged result is the side's result as it is
+    kept = {"nope": [[100.0, 0.0]]}
+    with BaselineSides(Baselines(tiny_base.path, TrainConfig()), ["nope"], [], parallel, kept) as sides:
+        assert sides.kinds == [] and sides._pool is None  # no process started for it
+        sides.check()
+        assert sides.results() == kept

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from skillpool.server.cli import main
-from skillpool.server.evaluation.continual import Task, _reference_single, server_argv
+from skillpool.server.evaluation import continual
+from skillpool.server.evaluation.baselines import logged_result
+from skillpool.server.evaluation.continual import Task, _reference_single, earlier_steps, server_argv
 from skillpool.server.evaluation.progress_log import read_log
 from skillpool.trainer.config import TrainConfig
 from tests.conftest import dataset_dir
@@ -86,7 +88,8 @@ def test_isolated_run_with_baselines_and_plots(tiny_base, tmp_path: Path) -> Non
     )
     assert r["baselines"]["oracle"]["FWT_ci95"] == [0.0, 0.0]  # the same rows on both sides
     log = read_log(tmp_path / "isolated.progress.jsonl")  # in one process, in order: the server's side, then seq, mtl
-    assert [(x["side"], x["after"]) for x in log] == [
+    assert log[0]["side"] == "run" and log[0]["setup"]["tasks"] == ["sst-2", "qqp"]  # what --resume checks
+    assert [(x["side"], x["after"]) for x in log[1:]] == [
         ("isolated", "sst-2"),
         ("forced", "sst-2"),
         ("isolated", "qqp"),
@@ -157,7 +160,7 @@ def test_parallel_sides_train_the_baselines_beside_the_server_and_log_every_step
     # the progress log holds every step, as measured, by the side that measured it
     log = read_log(tmp_path / "kif.progress.jsonl")
     by = {side: [x for x in log if x["side"] == side] for side in ("kif", "forced", "seq", "mtl", "single")}
-    assert sum(map(len, by.values())) == len(log)
+    assert sum(map(len, by.values())) == len(log) - 1  # and the setup line
     assert [x["after"] for x in by["kif"]] == ["sst-2", "qqp"] == [x["after"] for x in by["seq"]]
     for j, step in enumerate(by["kif"]):
         assert step["scores"] == {n: pytest.approx(r["matrix"][j][i]) for i, n in enumerate(r["tasks"][: j + 1])}
@@ -244,3 +247,103 @@ def test_bad_server_args_are_refused_before_a_server_starts(tmp_path: Path) -> N
         with pytest.raises(SystemExit, match=f"--server-args: {name}: the run sets --port and --data-dir itself"):
             main([*base, f"--server-args={flag}"])
     assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.slow  # three runs of the server on the tiny model, two short trainings and seq's two: about 2 minutes
+def test_resume_goes_on_after_a_cut_with_what_the_cut_run_measured_and_trained(
+    tiny_base, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A run cut after qqp was trained but before it was scored (a GPU lease ended), then resumed: sst-2's step
+    comes from the log, qqp's skill from the data dir, and nothing is trained twice; seq, which the cut run never
+    reached, runs whole. Resumed once more, with everything measured, it trains and scores nothing."""
+    ask = continual._ask
+
+    def cut(client, model, task, concurrency):  # type: ignore[no-untyped-def]
+        if task.name == "qqp":
+            raise RuntimeError("the lease ended")
+        return ask(client, model, task, concurrency)
+
+    monkeypatch.setattr(continual, "_ask", cut)
+    with pytest.raises(RuntimeError, match="the lease ended"):
+        run(tmp_path, tiny_base, "isolated", "--baselines", "oracle,seq")
+    monkeypatch.setattr(continual, "_ask", ask)
+    path = tmp_path / "isolated.progress.jsonl"
+    cut_log = read_log(path)
+    assert [x["side"] for x in cut_log] == ["run", "isolated", "forced"]  # sst-2's step only
+    r = run(tmp_path, tiny_base, "isolated", "--baselines", "oracle,seq", "--resume")
+    assert r["config"]["resumed"] == {"server_tasks": 1, "sides": []}
+    jobs = job_records(tmp_path / "isolated")
+    assert len(jobs) == 2 and [j["finished_at"] for j in r["jobs"]] == [j["finished_at"] for j in jobs]
+    log = read_log(path)
+    assert log[:3] == cut_log  # kept as measured, not measured again
+    assert [(x["side"], x["after"]) for x in log[3:]] == [
+        ("isolated", "qqp"),
+        ("forced", "qqp"),
+        ("seq", "sst-2"),
+        ("seq", "qqp"),
+    ]
+    assert r["matrix"][0][0] == pytest.approx(cut_log[1]["scores"]["sst-2"])
+    assert r["row_scores"]["auto"] == [log[3]["rows"]["sst-2"], log[3]["rows"]["qqp"]]
+    assert r["row_scores"]["oracle"] == [cut_log[2]["rows"]["sst-2"], log[4]["rows"]["qqp"]]
+    seq = logged_result("seq", log[5:], ["sst-2", "qqp"])  # the log rebuilds what the side returned
+    assert seq == (r["baselines"]["seq"]["matrix"], r["row_scores"]["seq"], r["diagonal_rows"]["seq"])
+    again = run(tmp_path, tiny_base, "isolated", "--baselines", "oracle,seq", "--resume")
+    assert again["config"]["resumed"] == {"server_tasks": 2, "sides": ["seq"]}
+    assert read_log(path) == log and again["time"]["baseline_train_tokens"] == 0
+    for key in ("matrix", "row_scores", "baselines", "routed_to_own_skill", "AP", "BWT", "vs_baselines"):
+        assert again[key] == r[key], key
+    # another setup is not a resume of this run
+    with pytest.raises(SystemExit, match="--resume: the cut run had test_limit 6, this one 5"):
+        run(tmp_path, tiny_base, "isolated", "--baselines", "oracle,seq", "--resume", "--test-limit", "5")
+    assert read_log(path) == log
+
+
+def job_records(data_dir: Path) -> list[dict]:  # type: ignore[type-arg]
+    """The job records the server keeps under <data>/jobs (every job it ever took), in the order they finished."""
+    records = [json.loads(p.read_text()) for p in (data_dir / "jobs").glob("job-*.json")]
+    return sorted(records, key=lambda j: j["finished_at"] or 0)
+
+
+def test_resume_keeps_the_tasks_scored_whole_and_the_sides_that_finished() -> None:
+    setup = {"tasks": ["a", "b", "c"], "test_limit": 2}
+
+    def line(side: str, after: str, **rows: list[float]) -> dict:  # type: ignore[type-arg]
+        return {"side": side, "after": after, "rows": rows}
+
+    lines = [
+        {"side": "run", "setup": setup},
+        line("kif", "a", a=[100.0, 0.0]),
+        line("forced", "a", a=[100.0, 100.0]),
+        line("seq", "a", a=[0.0, 0.0]),
+        line("single", "a", a=[0.0, 100.0]),
+        line("kif", "b", a=[100.0, 0.0], b=[0.0, 0.0]),  # b's forced line never came: the cut fell between
+        line("single", "b", b=[100.0, 100.0]),
+        line("single", "c", c=[0.0, 0.0]),
+        line("mtl", "c", a=[0.0, 0.0], b=[0.0, 0.0], c=[100.0, 0.0]),
+    ]
+    earlier = earlier_steps(lines, setup, "kif", ["a", "b", "c"], ["single", "seq", "mtl"])
+    assert earlier.server == [(lines[1], lines[2])]
+    assert earlier.sides == {"single": [lines[4], lines[6], lines[7]], "mtl": [lines[8]]}  # seq stopped after a
+    assert earlier.lines() == [lines[i] for i in (1, 2, 4, 6, 7, 8)]
+    assert logged_result("single", earlier.sides["single"], ["a", "b", "c"]) == [
+        [0.0, 100.0],
+        [100.0, 100.0],
+        [0.0, 0.0],
+    ]
+    assert logged_result("mtl", earlier.sides["mtl"], ["a", "b", "c"]) == [[0.0, 0.0], [0.0, 0.0], [100.0, 0.0]]
+    # a step measured again (a resumed run that was cut too): the later line
+    again = line("forced", "a", a=[0.0, 100.0])
+    assert earlier_steps([*lines, again], setup, "kif", ["a", "b", "c"], []).server == [(lines[1], again)]
+    with pytest.raises(SystemExit, match="the cut run had test_limit 2, this one 3"):
+        earlier_steps(lines, {**setup, "test_limit": 3}, "kif", ["a", "b", "c"], [])
+    with pytest.raises(SystemExit, match="does not start with its run's setup"):
+        earlier_steps(lines[1:], setup, "kif", ["a", "b", "c"], [])
+
+
+def test_resume_needs_the_cut_runs_data_dir_and_log(tmp_path: Path) -> None:
+    base = ["eval", "continual", "--tasks", str(tmp_path), "--json", str(tmp_path / "o.json"), "--resume"]
+    with pytest.raises(SystemExit, match="--resume: give the cut run's --data-dir"):
+        main(base)
+    (tmp_path / "data").mkdir()
+    with pytest.raises(SystemExit, match="--resume: no progress log .*o.progress.jsonl"):
+        main([*base, "--data-dir", str(tmp_path / "data")])
