@@ -1,6 +1,6 @@
 """A server's memory after training jobs, with one setting off and on: the heap trim after each job
 (trainer/heap.py, `--vary trim`, the default) or gradient checkpointing (`--vary checkpointing`, the upload's
-`gradient_checkpointing` "off" against "on").
+`gradient_checkpointing` "off" against "on", or against "auto", the default, with `--checkpointing auto`).
 
 Two `skillpool serve` processes, one after the other, on fresh data dirs: the first with the setting off
 (SKILLPOOL_HEAP_TRIM=0), the second with it on. Each trains the same jobs in turn (imdb's long reviews by
@@ -8,6 +8,7 @@ default: their activations are the largest of the benchmark's tasks) and, after 
 server's resident memory (VmRSS) and its peak so far (VmHWM). Prints both and the on/off ratios:
 
     .venv/bin/python load_tests/bench_memory.py [--tasks imdb yelp] [--train-rows 30] [--epochs 1] [--vary trim]
+        [--checkpointing on|auto]
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from load_tests.common import rows, status_kib, upload, wait_job  # noqa: E402
 MIB = 1024
 
 
-def run(vary: str, on: bool, tasks: list[str], n: int, epochs: int) -> list[dict[str, Any]]:
+def run(vary: str, on: bool, tasks: list[str], n: int, epochs: int, checkpointing: str) -> list[dict[str, Any]]:
     from skillpool.server.process import ServerProcess
 
     trim = on or vary != "trim"
     os.environ["SKILLPOOL_HEAP_TRIM"] = "1" if trim else "0"  # the child server inherits it
     config: dict[str, object] = {"epochs": epochs}
     if vary == "checkpointing":
-        config["gradient_checkpointing"] = "on" if on else "off"
+        config["gradient_checkpointing"] = checkpointing if on else "off"
     root = Path(tempfile.mkdtemp(prefix=f"skillpool-memory-{vary}-{'on' if on else 'off'}-"))
     out = []
     with ServerProcess(root / "data") as srv:
@@ -65,10 +66,16 @@ def main() -> int:
     ap.add_argument("--train-rows", type=int, default=30)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--vary", choices=("trim", "checkpointing"), default="trim", help="the setting turned off, then on")
+    ap.add_argument(
+        "--checkpointing",
+        choices=("on", "auto"),
+        default="on",
+        help="with --vary checkpointing: the value compared with 'off'",
+    )
     args = ap.parse_args()
-    off = run(args.vary, False, args.tasks, args.train_rows, args.epochs)
-    on = run(args.vary, True, args.tasks, args.train_rows, args.epochs)
-    print(f"\n{args.vary} off, then on")
+    off = run(args.vary, False, args.tasks, args.train_rows, args.epochs, args.checkpointing)
+    on = run(args.vary, True, args.tasks, args.train_rows, args.epochs, args.checkpointing)
+    print(f"\n{args.vary} off, then {args.checkpointing if args.vary == 'checkpointing' else 'on'}")
     print(f"{'after':<22} {'RSS off':>9} {'RSS on':>9} {'on/off':>7} {'peak off':>9} {'peak on':>9}")
     for a, b in zip(off, on):
         print(
