@@ -359,9 +359,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     need_single = args.method != "isolated" and reference is None
     kinds = ["single"] * need_single + [k for k in ("seq", "mtl") if k in baselines]
     setup = run_setup(args, tasks, base.model_id)
+    names = [t.name for t in tasks]
     earlier = None
     if args.resume:
-        names = [t.name for t in tasks]
         earlier = earlier_steps(read_log(log_path(args.json)), setup, args.method, names, kinds)
         log = ProgressLog.rewrite(log_path(args.json), [{"side": RUN, "setup": setup}, *earlier.lines()])
         print(
@@ -372,10 +372,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     else:
         log = ProgressLog.fresh(log_path(args.json), setup)
     bl = Baselines(base.path, cfg, log)
-    kept = {
-        kind: logged_result(kind, lines, [t.name for t in tasks])
-        for kind, lines in (earlier or Earlier([], {})).sides.items()
-    }
+    kept = {kind: logged_result(kind, lines, names) for kind, lines in earlier.sides.items()} if earlier else {}
     with BaselineSides(bl, kinds, tasks, args.parallel, kept) as sides:
         server = run_server_sequence(args, tasks, cfg, data_dir, log, between=sides.check, earlier=earlier)
         side = sides.results()
