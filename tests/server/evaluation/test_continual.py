@@ -249,7 +249,7 @@ def test_bad_server_args_are_refused_before_a_server_starts(tmp_path: Path) -> N
     assert not (tmp_path / "o.json").exists()
 
 
-@pytest.mark.slow  # three runs of the server on the tiny model, two short trainings and seq's two: about 2 minutes
+@pytest.mark.slow  # three runs of the server on the tiny model, two short trainings and seq's two: about 30 s
 def test_resume_goes_on_after_a_cut_with_what_the_cut_run_measured_and_trained(
     tiny_base, tmp_path: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
