@@ -363,14 +363,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     earlier = None
     if args.resume:
         earlier = earlier_steps(read_log(log_path(args.json)), setup, args.method, names, kinds)
-        log = ProgressLog.rewrite(log_path(args.json), [{"side": RUN, "setup": setup}, *earlier.lines()])
         print(
             f"resuming: {len(earlier.server)} of {len(tasks)} tasks scored before the cut; finished sides kept: "
             + (", ".join(earlier.sides) or "none"),
             flush=True,
         )
-    else:
-        log = ProgressLog.fresh(log_path(args.json), setup)
+    log = ProgressLog.fresh(log_path(args.json), setup, earlier.lines() if earlier else None)
     bl = Baselines(base.path, cfg, log)
     kept = {kind: logged_result(kind, lines, names) for kind, lines in earlier.sides.items()} if earlier else {}
     with BaselineSides(bl, kinds, tasks, args.parallel, kept) as sides:

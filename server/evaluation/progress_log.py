@@ -36,15 +36,13 @@ class ProgressLog:
     path: Path | None = None
 
     @classmethod
-    def fresh(cls, path: Path, setup: dict[str, Any] | None = None) -> ProgressLog:
-        """A log that starts anew, with the run's setup as its first line: a rerun with the same --json does not
-        mix its lines with the last run's."""
-        return cls.rewrite(path, [] if setup is None else [{"side": RUN, "setup": setup}])
-
-    @classmethod
-    def rewrite(cls, path: Path, lines: list[dict[str, Any]]) -> ProgressLog:
-        """A log holding just these lines (a resumed run's: the setup and the steps it keeps), swapped in whole,
-        so that a crash leaves the old log or the new one, never a mix."""
+    def fresh(
+        cls, path: Path, setup: dict[str, Any] | None = None, kept: list[dict[str, Any]] | None = None
+    ) -> ProgressLog:
+        """A log that starts anew: the run's setup as its first line, then the steps a resumed run keeps (`kept`),
+        so a rerun with the same --json does not mix its lines with the last run's. Swapped in whole: a crash
+        leaves the old log or the new one, never a mix."""
+        lines = ([] if setup is None else [{"side": RUN, "setup": setup}]) + (kept or [])
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
