@@ -47,7 +47,8 @@ class Baselines:
         )
         return peft_model.to(resolve_device())  # the device the server's trainer picks
 
-    def _fit(self, peft_model: Any, examples: list[Example], label: str) -> None:
+    def _fit(self, peft_model: Any, examples: list[Example], label: str) -> tuple[float, int]:
+        """Train `peft_model` on `examples`; its seconds and tokens (also added to the side's totals)."""
         from tqdm import tqdm
 
         from skillpool.trainer.loop import Progress
@@ -67,12 +68,15 @@ class Baselines:
         finally:
             bar.close()
             release_freed_memory()
-        self.train_s += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.train_s += seconds
         self.tokens += last[0]
+        return seconds, last[0]
 
-    def _scored(self, side: str, after: str, rows: dict[str, list[float]]) -> None:
-        """Log a measured step, and print it: beside the server's sequence (--parallel) there are no bars."""
-        self.log.scored(side, after, rows)
+    def _scored(self, side: str, after: str, rows: dict[str, list[float]], fit: tuple[float, int]) -> None:
+        """Log a measured step with the training it took (`fit`: seconds, tokens), so a resumed run that keeps
+        this side still counts its training; and print it: beside the server (--parallel) there are no bars."""
+        self.log.scored(side, after, rows, train_s=round(fit[0], 2), train_tokens=fit[1])
         print(f"{side} after {after}: " + "  ".join(f"{n} {row_mean(r):.1f}" for n, r in rows.items()), flush=True)
 
     def row_scores(self, peft_model: Any, task: Task) -> list[float]:
@@ -88,9 +92,9 @@ class Baselines:
         final: list[list[float]] = []
         diagonal: list[list[float]] = []
         for j, task in enumerate(tasks):
-            self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
+            fit = self._fit(model, task.train, f"seq [{j + 1}/{len(tasks)}] {task.name}")
             final = [self.row_scores(model, tasks[i]) for i in range(j + 1)]
-            self._scored("seq", task.name, {tasks[i].name: final[i] for i in range(j + 1)})
+            self._scored("seq", task.name, {tasks[i].name: final[i] for i in range(j + 1)}, fit)
             diagonal.append(final[j])
             for i, rows in enumerate(final):
                 matrix[j][i] = row_mean(rows)
@@ -103,9 +107,9 @@ class Baselines:
         joint = [e for t in tasks for e in t.train]
         random.Random(self.cfg.seed).shuffle(joint)
         model = self._fresh()
-        self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
+        fit = self._fit(model, joint, f"mtl ({len(tasks)} tasks)")
         out = [self.row_scores(model, t) for t in tasks]
-        self._scored("mtl", tasks[-1].name, {t.name: r for t, r in zip(tasks, out, strict=True)})
+        self._scored("mtl", tasks[-1].name, {t.name: r for t, r in zip(tasks, out, strict=True)}, fit)
         return out
 
     def single(self, tasks: list[Task]) -> list[list[float]]:
@@ -113,9 +117,9 @@ class Baselines:
         out = []
         for task in tasks:
             model = self._fresh()
-            self._fit(model, task.train, f"single {task.name}")
+            fit = self._fit(model, task.train, f"single {task.name}")
             out.append(self.row_scores(model, task))
-            self._scored("single", task.name, {task.name: out[-1]})
+            self._scored("single", task.name, {task.name: out[-1]}, fit)
         return out
 
 
@@ -131,6 +135,13 @@ def logged_result(kind: str, lines: list[dict[str, Any]], names: list[str]) -> A
         for i in range(j + 1):
             matrix[j][i] = row_mean(line["rows"][names[i]])
     return matrix, [lines[-1]["rows"][n] for n in names], [line["rows"][names[j]] for j, line in enumerate(lines)]
+
+
+def logged_training(lines: list[dict[str, Any]]) -> tuple[float, int, int]:
+    """A kept side's training from its log lines: (seconds, tokens, lines that carry no timing). A line written
+    before the log carried timing counts as untimed, not as zero work passed off as measured."""
+    timed = [x for x in lines if "train_s" in x]
+    return sum(x["train_s"] for x in timed), sum(x["train_tokens"] for x in timed), len(lines) - len(timed)
 
 
 def _one_side(kind: str, model_path: Path, cfg: TrainConfig, tasks: list[Task], log: ProgressLog, share: int) -> Any:

@@ -35,7 +35,7 @@ from skillpool.trainer.records import Example, JobStatus
 from skillpool.trainer.scoring import metric_for, score
 from skillpool.trainer.worker import split_examples
 
-from .baselines import Baselines, BaselineSides, logged_result
+from .baselines import Baselines, BaselineSides, logged_result, logged_training
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
 from .continual_report import plot, print_table
 from .progress_log import RUN, ProgressLog, log_path, read_log
@@ -215,7 +215,7 @@ def run_server_sequence(
     rows: dict[str, list[list[float]]] = {"auto": [], "oracle": []}  # the final row's per-row scores
     diagonal: list[list[float]] = []  # each task's per-row auto scores right after it was learned (FWT)
     jobs: list[dict[str, Any]] = []
-    eval_s = 0.0
+    eval_s, untimed = 0.0, 0  # untimed: kept steps whose line carries no seconds (a log from before it did)
     log = log or ProgressLog()
     names = [task.name for task in tasks]
     kept = earlier.server if earlier is not None else []
@@ -241,11 +241,13 @@ def run_server_sequence(
                     f"training {task.name} ended {job['status']}: {job.get('error')}"
                     + ("" if args.force else " (--force registers anyway)")
                 )
-            t0 = time.perf_counter()
             if j < len(kept):
                 line, forced = kept[j]
                 step_rows, own, forced_rows = line["rows"], line["routed_to_own_skill"], forced["rows"][task.name]
+                eval_s += line.get("eval_s", 0.0)
+                untimed += "eval_s" not in line
             else:
+                t0 = time.perf_counter()
                 step_rows, own = {}, {}
                 for earlier_task in tasks[: j + 1]:  # model=auto: what a user gets, after every task
                     answers, headers = _ask(client, "auto", earlier_task, args.concurrency)
@@ -255,7 +257,9 @@ def run_server_sequence(
                     )
                 answers, _ = _ask(client, task.name, task, args.concurrency)
                 forced_rows = task.row_scores(answers)
-                log.scored(args.method, task.name, step_rows, routed_to_own_skill=own)
+                step_s = time.perf_counter() - t0
+                eval_s += step_s
+                log.scored(args.method, task.name, step_rows, routed_to_own_skill=own, eval_s=round(step_s, 2))
                 log.scored("forced", task.name, {task.name: forced_rows})
             for i, name in enumerate(names[: j + 1]):
                 matrix[j][i], routed[j][i] = row_mean(step_rows[name]), own[name]
@@ -265,7 +269,6 @@ def run_server_sequence(
             rows["oracle"].append(forced_rows)  # a frozen block: its final row is this
             for jj in range(j, t):
                 oracle[jj][j] = row_mean(forced_rows)
-            eval_s += time.perf_counter() - t0
             # the whole row on stdout too, for a reader watching the run
             print(
                 f"after {task.name}: "
@@ -286,6 +289,7 @@ def run_server_sequence(
         "diagonal_rows": diagonal,
         "jobs": jobs,
         "router_mode": mode,
+        "untimed_steps": untimed,
         "time": {
             "train_s": round(train_s, 1),
             "eval_s": round(eval_s, 1),
@@ -374,6 +378,10 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     with BaselineSides(bl, kinds, tasks, args.parallel, kept) as sides:
         server = run_server_sequence(args, tasks, cfg, data_dir, log, between=sides.check, earlier=earlier)
         side = sides.results()
+    untimed = server["untimed_steps"]
+    for lines in earlier.sides.values() if earlier else []:  # a kept side's training counts as this run's does
+        seconds, tokens, missing = logged_training(lines)
+        bl.train_s, bl.tokens, untimed = bl.train_s + seconds, bl.tokens + tokens, untimed + missing
     single_rows: list[list[float]] | None
     if args.method == "isolated":
         single_rows = server["row_scores"]["oracle"]
@@ -445,10 +453,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                 "data_dir": str(data_dir),
                 "server_args": getattr(args, "server_args", ""),
                 "parallel": args.parallel,
-                # --resume: what this run kept from the cut one (its times count only what this run did)
+                # --resume: what this run kept from the cut one. The training and eval seconds include the kept
+                # steps' (their log lines carry them), total_s is this run's wall; untimed_steps counts kept lines
+                # from a log written before lines carried their seconds
                 "resumed": None
                 if earlier is None
-                else {"server_tasks": len(earlier.server), "sides": sorted(earlier.sides)},
+                else {"server_tasks": len(earlier.server), "sides": sorted(earlier.sides), "untimed_steps": untimed},
             },
         }
     )

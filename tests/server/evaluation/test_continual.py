@@ -10,9 +10,9 @@ import pytest
 
 from skillpool.server.cli import main
 from skillpool.server.evaluation import continual
-from skillpool.server.evaluation.baselines import logged_result
+from skillpool.server.evaluation.baselines import logged_result, logged_training
 from skillpool.server.evaluation.continual import Task, _reference_single, earlier_steps, server_argv
-from skillpool.server.evaluation.progress_log import read_log
+from skillpool.server.evaluation.progress_log import ProgressLog, read_log
 from skillpool.trainer.config import TrainConfig
 from tests.conftest import dataset_dir
 
@@ -271,7 +271,7 @@ def test_resume_goes_on_after_a_cut_with_what_the_cut_run_measured_and_trained(
     cut_log = read_log(path)
     assert [x["side"] for x in cut_log] == ["run", "isolated", "forced"]  # sst-2's step only
     r = run(tmp_path, tiny_base, "isolated", "--baselines", "oracle,seq", "--resume")
-    assert r["config"]["resumed"] == {"server_tasks": 1, "sides": []}
+    assert r["config"]["resumed"] == {"server_tasks": 1, "sides": [], "untimed_steps": 0}
     jobs = job_records(tmp_path / "isolated")
     assert len(jobs) == 2 and [j["finished_at"] for j in r["jobs"]] == [j["finished_at"] for j in jobs]
     log = read_log(path)
@@ -287,9 +287,20 @@ def test_resume_goes_on_after_a_cut_with_what_the_cut_run_measured_and_trained(
     assert r["row_scores"]["oracle"] == [cut_log[2]["rows"]["sst-2"], log[4]["rows"]["qqp"]]
     seq = logged_result("seq", log[5:], ["sst-2", "qqp"])  # the log rebuilds what the side returned
     assert seq == (r["baselines"]["seq"]["matrix"], r["row_scores"]["seq"], r["diagonal_rows"]["seq"])
+    # the times count the kept steps too: sst-2's scoring, measured by the cut run, is in eval_s
+    scoring = [log[1]["eval_s"], log[3]["eval_s"]]
+    assert all(x > 0 for x in scoring) and r["time"]["eval_s"] == pytest.approx(sum(scoring), abs=0.1)
+    assert all(x["train_tokens"] > 0 for x in log[5:])
+    assert sum(x["train_tokens"] for x in log[5:]) == r["time"]["baseline_train_tokens"]
+    # resumed with every step in the log, from one whose first step predates the seconds in its lines
+    del log[1]["eval_s"]
+    ProgressLog.fresh(path, log[0]["setup"], log[1:])
     again = run(tmp_path, tiny_base, "isolated", "--baselines", "oracle,seq", "--resume")
-    assert again["config"]["resumed"] == {"server_tasks": 2, "sides": ["seq"]}
-    assert read_log(path) == log and again["time"]["baseline_train_tokens"] == 0
+    assert again["config"]["resumed"] == {"server_tasks": 2, "sides": ["seq"], "untimed_steps": 1}
+    assert read_log(path) == log
+    assert again["time"]["eval_s"] == pytest.approx(log[3]["eval_s"], abs=0.1)  # the timed step alone
+    assert again["time"]["baseline_train_tokens"] == r["time"]["baseline_train_tokens"]  # seq's, kept
+    assert again["time"]["baseline_train_s"] == pytest.approx(r["time"]["baseline_train_s"], abs=0.1)
     for key in ("matrix", "row_scores", "baselines", "routed_to_own_skill", "AP", "BWT", "vs_baselines"):
         assert again[key] == r[key], key
     # another setup is not a resume of this run
@@ -331,6 +342,10 @@ def test_resume_keeps_the_tasks_scored_whole_and_the_sides_that_finished() -> No
         [0.0, 0.0],
     ]
     assert logged_result("mtl", earlier.sides["mtl"], ["a", "b", "c"]) == [[0.0, 0.0], [0.0, 0.0], [100.0, 0.0]]
+    # a kept side's training: its lines' seconds and tokens; a line from before lines carried them is counted
+    timed = [{**x, "train_s": 1.5 * i, "train_tokens": 10 * i} for i, x in enumerate(earlier.sides["single"])]
+    assert logged_training(timed) == (4.5, 30, 0)
+    assert logged_training([timed[0], timed[1], lines[7]]) == (1.5, 10, 1)
     # a step measured again (a resumed run that was cut too): the later line
     again = line("forced", "a", a=[0.0, 100.0])
     assert earlier_steps([*lines, again], setup, "kif", ["a", "b", "c"], []).server == [(lines[1], again)]
