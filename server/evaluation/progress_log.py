@@ -3,7 +3,8 @@
 A run can be cut short (a GPU lease ends, the machine reboots) long after most of it was measured; its
 --json file is written only at the end, so the log is what such a run keeps. It lies beside the --json file as
 `<stem>.progress.jsonl`, and every line is complete on its own: the side (the method, "forced", "seq", "mtl"
-or "single"), the task just learned, each scored task's mean and its per-row scores. With --parallel the sides
+or "single"), the task just learned, each scored task's mean and its per-row scores, and the seconds the step's
+training (a baseline) or scoring (the method) took, so a resumed run's times stay whole. With --parallel the sides
 are separate processes, so each line goes out as one O_APPEND write and lines never interleave.
 
 The first line (side "run") records the run's setup, so that `eval continual --resume` can check that it goes
