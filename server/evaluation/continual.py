@@ -149,13 +149,32 @@ def server_argv(args: argparse.Namespace, mode: str) -> list[str]:
     )
 
 
+CONNECTION_TRIES = 3  # a request that could not reach the server is sent again, at most this many times in all
+
+
 def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[str], list[str]]:
-    """(answers, x-skillpool-route headers), sent concurrently so the server batches them."""
+    """(answers, x-skillpool-route headers), sent concurrently so the server batches them.
+
+    A request whose connection broke is sent again: one "connection reset by peer", while the server was up and
+    answering every other request, ended a 2-hour run. The client is made with max_retries 0, so an error the
+    server answered (4xx, 5xx) or a timeout still ends the run at once; a greedy answer does not depend on which
+    try gave it. A server that died fails every try and ends the run too.
+    """
+    from openai import APIConnectionError, APITimeoutError
 
     def one(ex: dict[str, Any]) -> tuple[str, str]:
-        raw = client.chat.completions.with_raw_response.create(
-            model=model, messages=ex["messages"], temperature=0, max_tokens=task.budget
-        )
+        for attempt in range(1, CONNECTION_TRIES + 1):
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model=model, messages=ex["messages"], temperature=0, max_tokens=task.budget
+                )
+                break
+            except APITimeoutError:  # a subclass of APIConnectionError: the server is there, only slow
+                raise
+            except APIConnectionError:
+                if attempt == CONNECTION_TRIES:
+                    raise
+                time.sleep(0.5 * attempt)
         return raw.parse().choices[0].message.content or "", raw.headers.get("x-skillpool-route", "")
 
     with cf.ThreadPoolExecutor(concurrency) as pool:
