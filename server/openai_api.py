@@ -9,7 +9,7 @@ from typing import Any
 
 from skillpool.router import Decision
 
-from .engines.protocol import SEED_MAX, SEED_MIN
+from .engines.protocol import SAMPLING_EPS, SEED_MAX, SEED_MIN
 from .errors import APIError
 
 _ROLES = {"system", "developer", "user", "assistant"}
@@ -215,7 +215,7 @@ def parse_chat_request(body: Any) -> ChatParams:
         messages=messages,
         max_tokens=max_tokens,
         temperature=_num(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_num(body, "top_p", 1.0, 0.0, 1.0) or 1.0,
+        top_p=_num(body, "top_p", 1.0, 0.0, 1.0) or SAMPLING_EPS,  # OpenAI allows 0: only the top token
         seed=seed,
         stop=stops,
         stream=stream,

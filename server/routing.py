@@ -60,6 +60,8 @@ class RoutingStage:
         elif target != "auto":
             d = Decision(route=[(target, 1.0)], reason="forced", score=1.0)
         else:
+            if not self.alive():  # a request queued to a dead stage would wait forever
+                raise RuntimeError("the routing stage has stopped")
             waiting = self._q.qsize()
             if self.max_waiting is not None and waiting >= self.max_waiting:
                 raise EngineBusy(waiting)
@@ -109,14 +111,16 @@ class RoutingStage:
             try:
                 # route_traffic: requests that fall back also feed the demand clusters (router.demand)
                 decisions = self.router.route_traffic([it.text for it in batch])
+                if len(decisions) != len(batch):
+                    raise RuntimeError(f"the router gave {len(decisions)} decisions for {len(batch)} requests")
             except Exception as e:  # fail this batch's requests, keep routing
                 log.exception("routing failed")
                 for it in batch:
-                    it.loop.call_soon_threadsafe(_settle, it.future, None, e)
+                    _call(it, None, e)
                 continue
             self.metrics.router_seconds.observe(time.perf_counter() - t0)
             for it, d in zip(batch, decisions):
-                it.loop.call_soon_threadsafe(_settle, it.future, d, None)
+                _call(it, d, None)
 
 
 def _cap(d: Decision, k: int | None) -> Decision:
@@ -126,6 +130,13 @@ def _cap(d: Decision, k: int | None) -> Decision:
     top = d.route[:k]  # routes are sorted heaviest first
     total = sum(w for _, w in top)
     return Decision(route=[(s, w / total) for s, w in top], reason=d.reason, score=d.score)
+
+
+def _call(it: _Item, d: Decision | None, e: BaseException | None) -> None:
+    try:
+        it.loop.call_soon_threadsafe(_settle, it.future, d, e)
+    except RuntimeError:  # that request's event loop is closed: nobody waits for it, routing goes on
+        log.debug("a routed request's event loop is gone")
 
 
 def _settle(fut: asyncio.Future[Decision], d: Decision | None, e: BaseException | None) -> None:

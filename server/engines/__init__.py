@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
-from .protocol import Engine, EngineBusy, EngineEvent, EngineRequest, Mix, SamplingParams
+from .protocol import Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, SamplingParams, mix_error
 
 ENGINES = ("hf", "vllm")  # vllm is imported only when chosen (bash setup.sh --engine vllm installs it)
 
-__all__ = ["ENGINES", "Engine", "EngineBusy", "EngineEvent", "EngineRequest", "Mix", "SamplingParams"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineBusy",
+    "EngineDead",
+    "EngineEvent",
+    "EngineRequest",
+    "Mix",
+    "SamplingParams",
+    "mix_error",
+]

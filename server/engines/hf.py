@@ -4,13 +4,11 @@ One engine thread runs iterations. Each iteration (vLLM's scheduler, simplified)
   1. applies what other threads asked for since the last one: new requests, aborts, skills added or
      removed (so skills change between steps without draining the batch);
   2. prefills waiting requests within a per-step token budget (`max_batched_tokens` minus the decode
-     rows): whole prompts that fit go together, in padded forwards of prompts of similar length; a prompt
-     longer than what is left is prefilled in chunks over several iterations, so a long prompt delays the
-     others' next token by at most one chunk. Prefill computes logits for the last position only. A row
-     whose prefill completes samples its first token at once and joins the decode batch (its KV cache is
-     merged in). A prompt that starts with blocks some earlier prompt had, under the same mix, reuses their
-     KV and prefills only the rest (prefix caching, `prefix.py`);
+     rows; prefill.py): a row whose prefill completes samples its first token at once and joins the decode
+     batch (its KV cache is merged in);
   3. decodes one token for every running row (one batched forward over a shared, left-padded KV cache).
+A step that raises fails its rows, not the loop; a loop that ends anyway fails every queued request at once
+and refuses new ones (EngineDead), so liveness turns red instead of clients hanging.
 Rows leave the batch the moment they finish, are aborted or hit a stop string; each row has its own mix,
 sampling parameters, stop strings and budget. Only the `max_loaded_skills` most recently used skills are
 resident; others are read from the store on first use (S-LoRA's idea, from disk rather than host memory).
@@ -29,17 +27,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.mixing import LoRABank
 
 from .detokenize import TextStream
-from .kv import KVBatch, growing_cache
+from .kv import KVBatch
+from .prefill import Prefill
 from .prefix import PrefixCache
-from .protocol import AdapterLoader, EngineBusy, EngineEvent, EngineRequest, StreamsEvents
+from .protocol import (
+    SAMPLING_EPS,
+    AdapterLoader,
+    EngineBusy,
+    EngineDead,
+    EngineEvent,
+    EngineRequest,
+    StreamsEvents,
+    mix_error,
+)
 from .residency import SkillResidency
-from .rows import Row, Sink, prefill_inputs, sample, similar_lengths
+from .rows import Row, Sink, sample
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +65,7 @@ class _Control:
     args: tuple[Any, ...] = field(default_factory=tuple)
 
 
-class HFEngine(StreamsEvents):
+class HFEngine(Prefill, StreamsEvents):
     """Loads a base model once and serves requests with continuous batching and per-row LoRA mixes."""
 
     name = "hf"
@@ -102,6 +110,7 @@ class HFEngine(StreamsEvents):
         self._pending = 0  # submitted and not yet admitted to the batch (for backpressure)
         self._pending_lock = threading.Lock()
         self._alive = True
+        self._stepping: list[Row] = []  # the rows the current step touched (they fail if it raises)
         self._aborted = 0  # requests that ended by abort (a client went away)
         self._thread = threading.Thread(target=self._loop, name="skillpool-engine-hf", daemon=True)
         self._thread.start()
@@ -112,12 +121,15 @@ class HFEngine(StreamsEvents):
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def submit(self, req: EngineRequest, sink: Sink) -> None:
-        """Queue a request; `sink` receives its events on the engine thread. Raises EngineBusy when full."""
+        """Queue a request; `sink` receives its events on the engine thread. Raises EngineBusy when full, and
+        EngineDead once the loop has stopped (under the lock: a request is never queued to a dead loop)."""
         with self._pending_lock:
+            if not self._alive:
+                raise EngineDead(self.name)
             if self._pending >= self.max_waiting:
                 raise EngineBusy(self._pending)
             self._pending += 1
-        self._inbox.put(_Control("submit", (req, sink)))
+            self._inbox.put(_Control("submit", (req, sink)))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Control("abort", (request_id,)))
@@ -156,13 +168,42 @@ class HFEngine(StreamsEvents):
                     return
                 if not self._apply_all():
                     return
-                self._step()
-        except Exception:  # never leave clients hanging on a dead thread
+                self._stepping = []
+                try:
+                    self._step()
+                except Exception as e:  # the step's rows fail, the loop goes on
+                    self._contain(e)
+        except BaseException:
             log.exception("engine thread died")
-            self._alive = False
-            for s in [*self._running, *self._waiting]:
-                self._finish(s, "error", error="the engine stopped")
             raise
+        finally:  # stopped or crashed: never leave clients hanging on a dead thread
+            self._die()
+
+    def _contain(self, e: Exception) -> None:
+        """A step raised: its rows, and every running row (their shared KV may be half-updated), end with an
+        error; rows that had not started are untouched."""
+        log.exception("engine step failed; failing its rows")
+        for s in [*self._stepping, *self._running]:
+            self._finish(s, "error", error=f"generation failed: {type(e).__name__}: {e}")
+        self._running, self._kv = [], None
+        self._drop_finished()
+
+    def _die(self) -> None:
+        """The loop is over: refuse new requests, fail every queued one at once (liveness turns red)."""
+        with self._pending_lock:
+            self._alive = False
+        for s in [*self._running, *self._waiting]:
+            self._finish(s, "error", error="the engine stopped")
+        while True:
+            try:
+                c = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if c.kind == "submit":
+                req, sink = c.args
+                Row(req, sink, TextStream(self.tokenizer, ()), None).send(
+                    EngineEvent(finish_reason="error", error="the engine stopped")
+                )
 
     def _apply_all(self) -> bool:
         while True:
@@ -216,13 +257,15 @@ class HFEngine(StreamsEvents):
         """Make the row's skills resident and its sampler ready. False (and an error event): it cannot run;
         None: it must wait, every resident slot being in use by running rows."""
         try:
+            if problem := mix_error(s.req.mix):  # the API checks too; a NaN weight must never reach the math
+                raise ValueError(problem)
             s.mix = self.skills.resolve(s.req.mix)
             needed = [k for k, w in s.mix if w != 0.0]
             keep = self._in_use() | reserved | set(needed)  # reserved: skills of rows admitted with this one
             if not self.skills.ensure(needed, keep):
                 return None
             p = s.req.params
-            if p.temperature > 0:
+            if p.temperature >= SAMPLING_EPS:
                 s.gen = torch.Generator(device=self.device)
                 if p.seed is not None:
                     s.gen.manual_seed(p.seed % 2**64)
@@ -233,103 +276,7 @@ class HFEngine(StreamsEvents):
             return False
         return True
 
-    # --- prefill and decode ---------------------------------------------------------------------
-    def _prefill(self, budget: int) -> None:
-        head = self._waiting[0]
-        head.look_up(self.skills.resolve, self.prefix)
-        if head.done_prompt == 0 and head.todo <= budget:
-            group: list[Row] = []
-            used = 0
-            room = self.max_num_seqs - len(self._running)
-            while self._waiting and len(group) < room:
-                s = self._waiting[0]
-                s.look_up(self.skills.resolve, self.prefix)
-                if s.done_prompt or used + s.todo > budget:
-                    break
-                ok = self._admit(s, frozenset(k for g in group for k, _ in g.mix))
-                if ok is None:  # waits for running rows to free a skill slot
-                    break
-                self._waiting.popleft()
-                self._admitted()
-                if ok:
-                    s.check_past()
-                    group.append(s)
-                    used += s.todo
-            for bucket in similar_lengths(group):
-                self._prefill_whole(bucket)
-            return
-        if head.done_prompt == 0:  # a chunked prompt is admitted on its first chunk
-            ok = self._admit(head)
-            if ok is None:
-                return
-            if not ok:
-                self._waiting.popleft()
-                self._admitted()
-                return
-            head.check_past()
-            if head.past_len:
-                head.cache, head.done_prompt = growing_cache(head.past, spare=budget), head.past_len
-        self._prefill_chunk(head, budget)
-
-    def _prefill_whole(self, group: list[Row]) -> None:
-        """One padded forward over the rows' prompts after their cached prefixes: the prefixes left-padded to
-        the longest, then the rest of each prompt left-padded to the longest rest (masked holes between)."""
-        ids, pos, mask, past = prefill_inputs(group, self.pad_id, self.device)
-        cache = past.cache if past is not None else DynamicCache()
-        try:
-            with self.bank.mixed([s.mix for s in group], tokens=ids.shape[1]):
-                out = self.model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=pos,
-                    **{self.cache_kw: cache},
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-        except Exception as e:
-            log.exception("prefill failed")
-            for s in group:
-                self._finish(s, "error", error=f"prefill failed: {e}")
-            return
-        kv = KVBatch(cache, mask)
-        for i, s in enumerate(group):
-            s.done_prompt, s.past = len(s.req.prompt_ids), []
-            if self.prefix.would_keep(len(s.req.prompt_ids), s.past_len):
-                self.prefix.insert(s.mix, s.req.prompt_ids, kv.row(i))
-        self._join(group, kv, out.logits[:, -1, :])
-
-    def _prefill_chunk(self, s: Row, budget: int) -> None:
-        p = s.req.prompt_ids
-        start, end = s.done_prompt, min(len(p), s.done_prompt + budget)
-        s.cache = s.cache if s.cache is not None else DynamicCache()
-        ids = torch.tensor([list(p[start:end])], dtype=torch.long, device=self.device)
-        try:
-            with self.bank.mixed([s.mix], tokens=end - start):
-                out = self.model(
-                    input_ids=ids,
-                    attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
-                    position_ids=torch.arange(start, end, device=self.device)[None],
-                    **{self.cache_kw: s.cache},
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-        except Exception as e:
-            log.exception("prefill failed")
-            self._waiting.popleft()
-            self._admitted()
-            self._finish(s, "error", error=f"prefill failed: {e}")
-            return
-        s.done_prompt = end
-        if end < len(p):
-            return
-        self._waiting.popleft()
-        self._admitted()
-        cache, s.cache, s.past = s.cache, None, []
-        kv = KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device))
-        if self.prefix.would_keep(len(p), s.past_len):
-            self.prefix.insert(s.mix, p, kv.row(0))
-        self._join([s], kv, out.logits[:, -1, :])
-
+    # --- decode (prefill: prefill.py) ----------------------------------------------------------
     def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
         """Sample each new row's first token; rows that go on join the decode batch."""
         tokens = sample(logits.float(), group)
@@ -381,8 +328,12 @@ class HFEngine(StreamsEvents):
             self._pending -= 1
 
     # --- events -----------------------------------------------------------------------------------
-    def _push(self, s: Row, token: int) -> bool:
-        """Record one sampled token and emit its text; False when the row is finished."""
+    def _push(self, s: Row, token: int | None) -> bool:
+        """Record one sampled token and emit its text; False when the row is finished (None: no token could be
+        sampled from its logits, and it ends with its own error)."""
+        if token is None:
+            self._finish(s, "error", error="the model produced non-finite logits for this request")
+            return False
         if token in self.eos_ids and not s.req.params.ignore_eos:
             self._finish(s, "stop", text=s.text.finish())
             return False

@@ -9,6 +9,7 @@ a weighted mix; empty = the base model).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -16,6 +17,9 @@ from typing import Protocol
 from skillpool.adapters_store.lora import LoRAAdapter
 
 Mix = tuple[tuple[str, float], ...]  # ((skill, weight), ...): empty = base model
+
+# vLLM's _SAMPLING_EPS: a lower temperature is greedy (dividing logits by it would overflow to inf, then NaN)
+SAMPLING_EPS = 1e-5
 
 # OpenAI's seed is an int64; torch.Generator.manual_seed takes [-2**63, 2**64): anything outside fails.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -58,6 +62,25 @@ class EngineEvent:
     not_found: bool = False  # with an error: a skill of the mix is not served (retired since routing): a 404
 
 
+def mix_error(mix: Mix) -> str | None:
+    """Why an engine must not run `mix` (None: it may): each weight finite and >= 0, their sum finite and > 0.
+    Engines check this themselves: a NaN weight reaching the math would poison that row's logits."""
+    for skill, w in mix:
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
+            return f"mix weight of {skill!r} must be a finite number >= 0, got {w!r}"
+    total = sum(float(w) for _, w in mix)
+    if mix and not (math.isfinite(total) and total > 0):
+        return f"mix weights must have a finite positive sum, got {total!r}"
+    return None
+
+
+class EngineDead(Exception):
+    """The engine's loop has stopped: nothing submitted now would ever run (the API answers 503)."""
+
+    def __init__(self, engine: str) -> None:
+        super().__init__(f"the {engine} engine has stopped; the server must be restarted")
+
+
 class EngineBusy(Exception):
     """The waiting queue is full: the API answers 429 with Retry-After."""
 
@@ -80,7 +103,8 @@ class Engine(Protocol):
         ...
 
     def submit(self, request: EngineRequest, sink: Callable[[EngineEvent], None]) -> None:
-        """Queue a request from any thread; `sink` gets its events (on the engine's thread). Raises EngineBusy."""
+        """Queue a request from any thread; `sink` gets its events (on the engine's thread). Raises EngineBusy, or
+        EngineDead once the engine's loop has stopped."""
         ...
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:

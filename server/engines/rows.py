@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from .detokenize import TextStream
 from .kv import KVBatch
 from .prefix import PrefixCache
-from .protocol import EngineEvent, EngineRequest, Mix
+from .protocol import SAMPLING_EPS, EngineEvent, EngineRequest, Mix
 
 log = logging.getLogger(__name__)
 Sink = Callable[[EngineEvent], None]
@@ -67,20 +67,33 @@ class Row:
         return len(self.req.prompt_ids) + self.out - 1
 
 
-def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int]:
-    """The next token of each row: greedy, or sampled with the row's own temperature, top-p and generator."""
-    out = logits.argmax(dim=-1)
+def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
+    """The next token of each row: greedy, or sampled with the row's own temperature, top-p and generator.
+    None for a row whose logits or probabilities are not finite: that row fails alone, its batch-mates go on."""
+    finite = torch.isfinite(logits).all(dim=-1).tolist()
+    greedy = logits.argmax(dim=-1).tolist()
+    out: list[int | None] = []
     for i, s in enumerate(rows):
         p = s.req.params
-        if p.temperature <= 0 or s.gen is None:
-            continue
-        probs = torch.softmax(logits[i] / p.temperature, dim=-1)
-        if p.top_p < 1.0:
-            sorted_p, order = probs.sort(descending=True)
-            keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # always keeps the top token
-            probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
-        out[i] = torch.multinomial(probs, 1, generator=s.gen)[0]
-    return [int(t) for t in out.tolist()]
+        if not finite[i]:
+            out.append(None)
+        elif p.temperature < SAMPLING_EPS or s.gen is None:
+            out.append(int(greedy[i]))
+        else:
+            out.append(_draw(logits[i], p.temperature, p.top_p, s.gen))
+    return out
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int | None:
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < top_p
+        keep[0] = True  # the top token always: a top_p below float32's smallest number would keep none
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
+    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
+        return None
+    return int(torch.multinomial(probs, 1, generator=gen)[0])
 
 
 def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row]]:

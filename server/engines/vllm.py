@@ -28,7 +28,7 @@ from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_adapter
 
 from .mixes import MixAdapter, MixCache, MixPlan, plan_mix
-from .protocol import AdapterLoader, EngineBusy, EngineEvent, EngineRequest, StreamsEvents
+from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, StreamsEvents, mix_error
 from .rows import Sink
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,8 @@ class VLLMEngine(StreamsEvents):
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def submit(self, req: EngineRequest, sink: Sink) -> None:
+        if not self.healthy():  # vLLM's engine core died (EngineDeadError) or we were closed: fail now
+            raise EngineDead(self.name)
         with self._lock:
             # vLLM keeps its own queue; ours bounds what waits beyond the batch (max_num_seqs rows run)
             if len(self._inflight) >= self.max_num_seqs + self.max_waiting:
@@ -304,6 +306,8 @@ class VLLMEngine(StreamsEvents):
         held: MixPlan | None = None
         try:
             try:
+                if problem := mix_error(req.mix):  # the API checks too; never trust a weight into the math
+                    raise ValueError(problem)
                 plan = await asyncio.to_thread(self.plan, req.mix)
                 if plan.capped:
                     self._capped += 1

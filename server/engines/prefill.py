@@ -1,0 +1,152 @@
+"""The hf engine's prefill: waiting prompts into the decode batch within a step's token budget.
+
+Whole prompts that fit go together, in padded forwards of prompts of similar length; a prompt longer than
+what is left is prefilled in chunks over several steps, so a long prompt delays the others' next token by at
+most one chunk. Prefill computes logits for the last position only. A prompt that starts with blocks some
+earlier prompt had, under the same mix, reuses their KV and prefills only the rest (`prefix.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from skillpool.adapters_store.mixing import LoRABank
+
+from .kv import KVBatch, growing_cache
+from .prefix import PrefixCache
+from .residency import SkillResidency
+from .rows import Row, prefill_inputs, similar_lengths
+
+log = logging.getLogger(__name__)
+
+
+class Prefill:
+    """Mixed into HFEngine (as vLLM mixes LoRA support into its model runner): the state it reads is the
+    engine's, the methods it calls back are declared below."""
+
+    _waiting: deque[Row]
+    _running: list[Row]
+    _stepping: list[Row]
+    skills: SkillResidency
+    prefix: PrefixCache
+    bank: LoRABank
+    model: Any
+    cache_kw: str
+    pad_id: int
+    device: torch.device
+    max_num_seqs: int
+
+    def _admit(self, s: Row, reserved: frozenset[str] = frozenset()) -> bool | None:
+        raise NotImplementedError
+
+    def _admitted(self) -> None:
+        raise NotImplementedError
+
+    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None, not_found: bool = False) -> None:
+        raise NotImplementedError
+
+    def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _prefill(self, budget: int) -> None:
+        head = self._waiting[0]
+        self._stepping.append(head)  # a step that raises fails it: a prompt that breaks prefill cannot loop
+        head.look_up(self.skills.resolve, self.prefix)
+        if head.done_prompt == 0 and head.todo <= budget:
+            group: list[Row] = []
+            used = 0
+            room = self.max_num_seqs - len(self._running)
+            while self._waiting and len(group) < room:
+                s = self._waiting[0]
+                s.look_up(self.skills.resolve, self.prefix)
+                if s.done_prompt or used + s.todo > budget:
+                    break
+                self._stepping.append(s)
+                ok = self._admit(s, frozenset(k for g in group for k, _ in g.mix))
+                if ok is None:  # waits for running rows to free a skill slot
+                    break
+                self._waiting.popleft()
+                self._admitted()
+                if ok:
+                    s.check_past()
+                    group.append(s)
+                    used += s.todo
+            for bucket in similar_lengths(group):
+                self._prefill_whole(bucket)
+            return
+        if head.done_prompt == 0:  # a chunked prompt is admitted on its first chunk
+            ok = self._admit(head)
+            if ok is None:
+                return
+            if not ok:
+                self._waiting.popleft()
+                self._admitted()
+                return
+            head.check_past()
+            if head.past_len:
+                head.cache, head.done_prompt = growing_cache(head.past, spare=budget), head.past_len
+        self._prefill_chunk(head, budget)
+
+    def _prefill_whole(self, group: list[Row]) -> None:
+        """One padded forward over the rows' prompts after their cached prefixes: the prefixes left-padded to
+        the longest, then the rest of each prompt left-padded to the longest rest (masked holes between)."""
+        ids, pos, mask, past = prefill_inputs(group, self.pad_id, self.device)
+        cache = past.cache if past is not None else DynamicCache()
+        try:
+            with self.bank.mixed([s.mix for s in group], tokens=ids.shape[1]):
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    **{self.cache_kw: cache},
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+        except Exception as e:
+            log.exception("prefill failed")
+            for s in group:
+                self._finish(s, "error", error=f"prefill failed: {e}")
+            return
+        kv = KVBatch(cache, mask)
+        for i, s in enumerate(group):
+            s.done_prompt, s.past = len(s.req.prompt_ids), []
+            if self.prefix.would_keep(len(s.req.prompt_ids), s.past_len):
+                self.prefix.insert(s.mix, s.req.prompt_ids, kv.row(i))
+        self._join(group, kv, out.logits[:, -1, :])
+
+    def _prefill_chunk(self, s: Row, budget: int) -> None:
+        p = s.req.prompt_ids
+        start, end = s.done_prompt, min(len(p), s.done_prompt + budget)
+        s.cache = s.cache if s.cache is not None else DynamicCache()
+        ids = torch.tensor([list(p[start:end])], dtype=torch.long, device=self.device)
+        try:
+            with self.bank.mixed([s.mix], tokens=end - start):
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),
+                    position_ids=torch.arange(start, end, device=self.device)[None],
+                    **{self.cache_kw: s.cache},
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+        except Exception as e:
+            log.exception("prefill failed")
+            self._waiting.popleft()
+            self._admitted()
+            self._finish(s, "error", error=f"prefill failed: {e}")
+            return
+        s.done_prompt = end
+        if end < len(p):
+            return
+        self._waiting.popleft()
+        self._admitted()
+        cache, s.cache, s.past = s.cache, None, []
+        kv = KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device))
+        if self.prefix.would_keep(len(p), s.past_len):
+            self.prefix.insert(s.mix, p, kv.row(0))
+        self._join([s], kv, out.logits[:, -1, :])
