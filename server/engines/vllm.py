@@ -28,7 +28,16 @@ from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_adapter
 
 from .mixes import MixAdapter, MixCache, MixPlan, plan_mix
-from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, StreamsEvents, mix_error
+from .protocol import (
+    SAMPLING_EPS,
+    AdapterLoader,
+    EngineBusy,
+    EngineDead,
+    EngineEvent,
+    EngineRequest,
+    StreamsEvents,
+    mix_error,
+)
 from .rows import Sink
 
 log = logging.getLogger(__name__)
@@ -320,7 +329,7 @@ class VLLMEngine(StreamsEvents):
                 p = req.params
                 params = SamplingParams(
                     max_tokens=p.max_tokens,
-                    temperature=p.temperature,
+                    temperature=p.temperature if p.temperature >= SAMPLING_EPS else 0.0,  # as the hf engine: greedy
                     top_p=p.top_p,
                     seed=None if p.seed is None else p.seed % 2**63,
                     stop=list(p.stop) or None,

@@ -181,3 +181,33 @@ def test_a_mix_beyond_max_lora_rank_is_capped_and_says_so(vllm_engine) -> None: 
     assert plan.capped and [s.split("#")[0] for s, _ in plan.key] == ["s0", "s1", "s2"]
     assert answer(vllm_engine, PROMPTS[0], wide, max_tokens=4)
     assert vllm_engine.stats()["capped_mixes"] == before + 1
+
+
+@pytest.mark.parametrize("mix", [(("s0", float("nan")),), (("s0", 1e308), ("s1", 1e308))], ids=["nan", "sum-inf"])
+def test_a_mix_with_non_finite_weights_fails_alone(vllm_engine, mix) -> None:  # type: ignore[no-untyped-def]
+    _, events = asyncio.run(collect(vllm_engine, PROMPTS[0], mix, max_tokens=4))
+    assert events[-1].finish_reason == "error" and "mix weight" in (events[-1].error or "")
+    assert vllm_engine.healthy() and answer(vllm_engine, PROMPTS[0], max_tokens=4)
+
+
+def test_a_tiny_temperature_is_greedy(vllm_engine) -> None:  # type: ignore[no-untyped-def]
+    greedy = answer(vllm_engine, PROMPTS[0], max_tokens=8)
+    ids = vllm_engine.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+    params = SamplingParams(max_tokens=8, temperature=1e-300, seed=3)
+
+    async def run() -> list[EngineEvent]:
+        return [ev async for ev in vllm_engine.generate(EngineRequest("tiny-t", ids, params))]
+
+    events = asyncio.run(run())
+    assert events[-1].finish_reason in ("stop", "length") and "".join(e.text for e in events) == greedy
+
+
+def test_a_closed_engine_refuses_requests_instead_of_queueing_them(smollm, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from skillpool.server.engines import EngineDead
+    from skillpool.server.engines.vllm import VLLMEngine
+
+    eng = VLLMEngine(smollm.path, tmp_path, smollm.model_id, device="cpu", max_num_seqs=2, max_model_len=256)
+    eng.close()
+    assert not eng.healthy()
+    with pytest.raises(EngineDead):
+        eng.submit(EngineRequest("late", [1, 2, 3], SamplingParams(max_tokens=2)), lambda ev: None)
