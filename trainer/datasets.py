@@ -119,6 +119,10 @@ def parse_jsonl(data: bytes, min_examples: int = 1, max_examples: int | None = N
         except json.JSONDecodeError as e:
             errs.append(LineError(n, "", f"not valid JSON ({e.msg}, column {e.colno})"))
             continue
+        except (ValueError, RecursionError) as e:  # an integer past 4,300 digits, nesting past the parser's depth
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+            errs.append(LineError(n, "", f"not valid JSON ({why})"))
+            continue
         if not isinstance(obj, dict):
             errs.append(LineError(n, "", "must be a JSON object"))
             continue

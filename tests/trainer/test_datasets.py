@@ -46,6 +46,8 @@ def test_blank_lines_are_skipped() -> None:
     ("line", "field", "fragment"),
     [
         (b"{not json", "", "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "", "nested too deeply"),
+        (b'{"instruction": ' + b"9" * 5000 + b"}", "", "not valid JSON (Exceeds the limit"),
         (b"\xff\xfe", "", "UTF-8"),
         (b"[1, 2]", "", "JSON object"),
         (json.dumps({"text": "hi"}).encode(), "", "expected a 'messages'"),
