@@ -5,10 +5,12 @@ Layout under the data dir:
                        router.safetensors                                (the router's tensors)
                        meta.json  replay.json  probe.json  pseudo.json
                  state.json                                              (lifecycle: retired, pinned version)
-    tmp/                                                                 (in-progress writes)
+    tmp/                                                                 (in-progress writes, scratch)
 Only safetensors and JSON are ever read back; names are validated slugs, never raw paths.
 Retiring or rolling back never deletes a version: `state.json` says which one serves (the newest unless
 pinned) and whether the skill is retired, so every server reading the shared store agrees after a restart.
+Temp entries carry their owner's tag (adapters_store.diskio): clean_tmp at start removes those of processes that
+are gone, and a skill folder a kill left empty, never the write in flight of a live server or worker.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from .diskio import atomic_write, make_temp_dir, sweep
 from .lora import PEFT_CONFIG, PEFT_WEIGHTS, LoRAAdapter, load_peft_adapter
 from .names import validate_skill_name
 
@@ -95,9 +98,29 @@ class SkillStore:
         self._lock = threading.Lock()
 
     def clean_tmp(self) -> None:
-        """Drop leftovers of writes that died half-way (they were never visible as skills)."""
-        for p in self.tmp_dir.iterdir():
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        """Drop leftovers of writes and scratch folders whose owner is gone (never visible as skills), version
+        folders without meta.json (a version appears whole, by rename, so such a folder is debris) and skill
+        folders left empty. A live owner's entries stay: the data dir may be shared."""
+        sweep(self.tmp_dir, everything=True)
+        for d in self.skills_dir.iterdir():
+            if not d.is_dir():
+                continue
+            sweep(d)  # state.json temp files
+            for v in d.iterdir():
+                if _VERSION.match(v.name) and v.is_dir() and not (v / META).is_file():
+                    log.warning("removing %s: a version folder without %s", v, META)
+                    shutil.rmtree(v, ignore_errors=True)
+            _remove_if_empty(d)
+
+    @contextmanager
+    def scratch(self, prefix: str) -> Iterator[Path]:
+        """A private folder under tmp/ for work in progress (a block before it is stored): on the data dir's
+        disk, removed after use, and swept at start if its owner was killed."""
+        folder = make_temp_dir(self.tmp_dir, prefix)
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def state(self, name: str) -> dict[str, Any]:
         """The skill's lifecycle state: {"retired": bool, "pinned": version or None}."""
@@ -107,9 +130,8 @@ class SkillStore:
 
     def _set_state(self, name: str, retired: bool, pinned: int | None) -> None:
         folder = self.skills_dir / validate_skill_name(name)
-        tmp = folder / f".{STATE}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_text(json.dumps({"retired": retired, "pinned": pinned}))
-        os.replace(tmp, folder / STATE)  # atomic: a reader sees the old state or the new one
+        # atomic: a reader sees the old state or the new one
+        atomic_write(folder / STATE, json.dumps({"retired": retired, "pinned": pinned}).encode(), fsync=False)
 
     def retire(self, name: str) -> SkillRecord:
         """Stop serving `name`; every version stays on disk for a rollback. KeyError if it has none."""
@@ -152,7 +174,7 @@ class SkillStore:
     def write(self, draft: SkillDraft) -> SkillRecord:
         """Write a new version of `draft.name`; it becomes visible only once complete."""
         name = validate_skill_name(draft.name)
-        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.tmp_dir))
+        tmp = make_temp_dir(self.tmp_dir, f"{name}-")
         try:
             draft.write_adapter(tmp)
             for required in (PEFT_CONFIG, PEFT_WEIGHTS):
@@ -176,12 +198,16 @@ class SkillStore:
                         os.rename(tmp, target)  # fails if another process (a worker) took this version
                         break
                     except OSError:
-                        if not target.exists():
+                        if not target.parent.is_dir():  # a start-up sweep took the folder while it was empty
+                            target.parent.mkdir(exist_ok=True)
+                        elif target.exists():
+                            version += 1
+                        else:
                             raise
-                        version += 1
             return SkillRecord(name=name, version=version, path=target, meta=meta)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            _remove_if_empty(self.skills_dir / name)  # a new name's folder, made for this write only
             raise
 
     def get(self, name: str, version: int | None = None) -> SkillRecord | None:
@@ -209,6 +235,13 @@ class SkillStore:
             if rec is not None:
                 out.append(rec)
         return out
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()  # only an empty folder: never a version another writer just renamed into it
+    except OSError:
+        pass
 
 
 def _fsync_dir_files(folder: Path) -> None:

@@ -10,6 +10,7 @@ input distribution, so k-means centroids are the initialization.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,8 +54,13 @@ def _init(emb: np.ndarray, n_keys: int, s: DTKRSettings) -> torch.Tensor:
     raise ValueError(f"unknown DTKR init {s.init!r} (kmeans | orthogonal)")
 
 
-def train_dtkr_keys(emb: np.ndarray, n_keys: int, s: DTKRSettings) -> torch.Tensor:
-    """Return (K, G, d/G) unit sub-keys for one skill, trained on its input embeddings (n, d)."""
+def train_dtkr_keys(
+    emb: np.ndarray, n_keys: int, s: DTKRSettings, check_stop: Callable[[], None] | None = None
+) -> torch.Tensor:
+    """Return (K, G, d/G) unit sub-keys for one skill, trained on its input embeddings (n, d). `check_stop`:
+    called before the init and each epoch; it raises to stop."""
+    if check_stop is not None:
+        check_stop()
     keys = _init(emb, n_keys, s)
     k = keys.shape[0]
     if s.epochs <= 0 or len(emb) < 2:
@@ -67,6 +73,8 @@ def train_dtkr_keys(emb: np.ndarray, n_keys: int, s: DTKRSettings) -> torch.Tens
     g = torch.Generator().manual_seed(s.seed)
     top = min(s.topk_per_group, k)
     for _ in range(s.epochs):
+        if check_stop is not None:
+            check_stop()
         for idx in torch.randperm(len(q), generator=g).split(s.batch_size):
             cos = torch.einsum("bgd,kgd->bgk", q[idx], F.normalize(keys, dim=-1))  # (b, G, K)
             masked = cos.masked_fill(torch.rand(cos.shape, generator=g) < s.mask_p, float("-inf"))

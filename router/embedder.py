@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -21,6 +21,22 @@ class Embedder(Protocol):
     model_id: str
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def embed_checked(
+    embedder: Embedder, texts: Sequence[str], check_stop: Callable[[], None] | None, chunk: int = 64
+) -> np.ndarray:
+    """`embedder.embed(texts)` a chunk at a time with `check_stop()` before each: a trainer embedding a large
+    upload notices a cancel within a chunk (check_stop raises)."""
+    if check_stop is None or len(texts) <= chunk:
+        if check_stop is not None:
+            check_stop()
+        return embedder.embed(texts)
+    parts = []
+    for start in range(0, len(texts), chunk):
+        check_stop()
+        parts.append(embedder.embed(texts[start : start + chunk]))
+    return np.concatenate(parts)
 
 
 def packaged_minilm_path() -> Path:

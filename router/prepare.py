@@ -21,11 +21,20 @@ def skill_tensors(
     inputs: Sequence[str] | None,
     answers: Sequence[str] | None,
     s: RouterSettings,
+    check_stop: Callable[[], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """emb: the embeddings keys are fitted on (prompts, plus inputs without instruction when augmented);
-    texts/inputs/answers: the prompts, inputs and answers the format and label models are fitted on."""
-    fit_c: Callable[[np.ndarray], np.ndarray] = lambda x: centroid_keys(x, s.n_keys)  # noqa: E731
-    fit_d: Callable[[np.ndarray], torch.Tensor] = lambda x: train_dtkr_keys(x, s.n_keys, s.dtkr)  # noqa: E731
+    texts/inputs/answers: the prompts, inputs and answers the format and label models are fitted on.
+    check_stop: called before each fit (every fold, every dtkr epoch); it raises to stop."""
+    check = check_stop or _go_on
+
+    def fit_c(x: np.ndarray) -> np.ndarray:
+        check()
+        return centroid_keys(x, s.n_keys)
+
+    def fit_d(x: np.ndarray) -> torch.Tensor:
+        return train_dtkr_keys(x, s.n_keys, s.dtkr, check)
+
     cent, dtkr = fit_c(emb), fit_d(emb)
     best_c = held_out_best(emb, fit_c, lambda x, k: (x @ k.T).max(axis=1), s.calibration_folds)
     fold_keys: list[torch.Tensor] = []  # dtkr keys fitted without each fold: the whitened gate's held-out scores
@@ -43,11 +52,13 @@ def skill_tensors(
             "dtkr_fold_keys": torch.stack(fold_keys).half(),  # (folds, K, G, d/G)
             "calibration_folds": torch.from_numpy(fold[calib]),  # the fold each calibration input was held out of
         }
+    check()
     fmt: dict[str, torch.Tensor] = {}
     if inputs is not None and s.format.source == "inputs":  # the fields a paraphrase keeps
         fmt = fit_format(inputs, replace(s.format, min_df=s.format.input_min_df)).tensors()
     elif texts is not None:
         fmt = fit_format(texts, s.format).tensors()
+    check()
     if answers is not None and (lab := fit_labels(answers, inputs if inputs is not None else texts or [], s.labels)):
         fmt |= lab.tensors()
     if inputs is not None and s.format.source == "inputs":
@@ -65,3 +76,7 @@ def skill_tensors(
             "threshold_dtkr": torch.tensor([thr_d], dtype=torch.float32),
         }
     )
+
+
+def _go_on() -> None:
+    pass

@@ -37,14 +37,14 @@ remaining slots.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .demand import FallbackClusters
-from .embedder import Embedder
+from .embedder import Embedder, embed_checked
 from .formats import accepts_each
 from .index import KeyIndex, build_index, white_rows
 from .mix import sapt_decision, slot_weights, top_mix
@@ -83,13 +83,16 @@ class Router:
         texts: Sequence[str],
         inputs: Sequence[str] | None = None,
         answers: Sequence[str] | None = None,
+        check_stop: Callable[[], None] | None = None,
     ) -> dict[str, torch.Tensor]:
         """A skill's router tensors from its training prompts: keys and thresholds for every mode.
 
         inputs: each prompt without its instruction (instruction rows: `input`; chat: the last user turn);
         answers: the training answers. With them the format gate asks for what the skill needs (input
-        fields, label set, router.needs) instead of its instruction's words."""
-        return self.prepare_keys_from_embeddings(self.embedder.embed(texts), texts, inputs, answers)
+        fields, label set, router.needs) instead of its instruction's words. check_stop: called between
+        embedding chunks and fitting stages; it raises to stop (a trainer's cancel)."""
+        emb = embed_checked(self.embedder, texts, check_stop)
+        return self.prepare_keys_from_embeddings(emb, texts, inputs, answers, check_stop)
 
     def prepare_keys_from_embeddings(
         self,
@@ -97,6 +100,7 @@ class Router:
         texts: Sequence[str] | None = None,
         inputs: Sequence[str] | None = None,
         answers: Sequence[str] | None = None,
+        check_stop: Callable[[], None] | None = None,
     ) -> dict[str, torch.Tensor]:
         """As prepare_keys, from the prompts' embeddings; without the texts the skill gets no format model."""
         if inputs is not None and (texts is None or len(inputs) != len(texts) or len(texts) != len(emb)):
@@ -104,11 +108,16 @@ class Router:
         bare = [i for i, (t, x) in enumerate(zip(texts or [], inputs or [])) if x.strip() and x != t]
         if self.settings.augment_inputs and bare:
             assert inputs is not None
-            emb = np.concatenate([emb, self.embedder.embed([inputs[i] for i in bare])])
-        return skill_tensors(emb, texts, inputs, answers, self.settings)
+            emb = np.concatenate([emb, embed_checked(self.embedder, [inputs[i] for i in bare], check_stop)])
+        return skill_tensors(emb, texts, inputs, answers, self.settings, check_stop)
 
     def prepare_sapt(
-        self, name: str, train: Sequence[str], held: Sequence[str], replay: Mapping[str, Sequence[str]]
+        self,
+        name: str,
+        train: Sequence[str],
+        held: Sequence[str],
+        replay: Mapping[str, Sequence[str]],
+        check_stop: Callable[[], None] | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Learn skill `name` into a copy of the registered SAPT state: (its router tensors, its ā by block).
 
@@ -118,13 +127,18 @@ class Router:
         assert self.pooler is not None
         pool = self.pooler
         return self.prepare_sapt_pooled(
-            name, pool(train), pool(held), {n: pool(list(t)) for n, t in replay.items() if t}
+            name, pool(train), pool(held), {n: pool(list(t)) for n, t in replay.items() if t}, check_stop
         )
 
     def prepare_sapt_pooled(
-        self, name: str, train: torch.Tensor, held: torch.Tensor, replay: dict[str, torch.Tensor]
+        self,
+        name: str,
+        train: torch.Tensor,
+        held: torch.Tensor,
+        replay: dict[str, torch.Tensor],
+        check_stop: Callable[[], None] | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        state = self.sapt_state().learn(name, train, held, replay)
+        state = self.sapt_state().learn(name, train, held, replay, check_stop)
         return state.skill_tensors(name), state.mean_attention[name]
 
     def sapt_state(self) -> SAPTState:

@@ -20,7 +20,7 @@ skill is registered.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,10 +184,18 @@ class SAPTState:
         with torch.no_grad():
             return self.logits(pooled).softmax(-1)
 
-    def learn(self, name: str, train: torch.Tensor, held: torch.Tensor, replay: dict[str, torch.Tensor]) -> SAPTState:
+    def learn(
+        self,
+        name: str,
+        train: torch.Tensor,
+        held: torch.Tensor,
+        replay: dict[str, torch.Tensor],
+        check_stop: Callable[[], None] | None = None,
+    ) -> SAPTState:
         """A new state with skill `name` added: its key and the projector trained, earlier keys frozen.
 
         train/held: pooled inputs of the new skill; replay: pooled replay inputs per earlier skill.
+        check_stop: called before each step; it raises to stop (a trainer's cancel).
         """
         s = self.settings
         names, frozen = self.blocks_for(name)
@@ -202,6 +210,8 @@ class SAPTState:
             draws = torch.Generator().manual_seed(s.seed + 1)  # generative replay
             label = torch.full((s.batch_size,), t, dtype=torch.long)
             for _ in range(s.steps):
+                if check_stop is not None:
+                    check_stop()
                 idx = torch.randint(len(train), (min(s.batch_size, len(train)),), generator=g)
                 keys = torch.cat([frozen, new_key[None]])
                 loss = F.cross_entropy(self.logits(train[idx], proj, keys), label[: len(idx)])

@@ -3,15 +3,19 @@
 States: validating → queued → running → succeeded | failed | cancelled. Job records are kept as
 JSON under <data>/jobs so that they survive a restart; a job that was queued or running when the
 server stopped is marked failed (its data is gone with the process' queue) and can be re-uploaded.
+A record that cannot be written (disk full) stops nothing: an API call that creates a job fails whole
+(StorageError, nothing recorded or queued), while the worker keeps the record in memory, goes on, and writes it
+as soon as the disk lets it (the next save, or a retry every RETRY_SAVE_S while idle). Whatever a job raises,
+the job ends failed and the worker thread lives on.
 A job also keeps its events (OpenAI's fine-tuning job events: state changes, training metrics, the quality
 gate's numbers), so they survive with the record and reach every server through the shared queue.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -22,13 +26,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from skillpool.adapters_store.diskio import atomic_write, sweep
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
+from .failures import describe, redact_paths
 from .heap import release_freed_memory
 from .loop import Cancelled, Progress
 from .quality import QualityGateFailed
 from .records import PENDING, TERMINAL, Example, JobStatus
+from .reservations import NameReservations
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,7 @@ class Job:
     fine_tuning: dict[str, Any] | None = None  # a job made by /v1/fine_tuning/jobs: its request and model id
     events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     tries: int = 0  # how many times a worker has started it (a Redis job whose worker died is retried)
+    owner: str | None = None  # the name (never the secret) of the API key that created it; None: no keys
 
     def __post_init__(self) -> None:  # a record read back from JSON holds the plain string
         self.status = JobStatus(self.status)
@@ -84,7 +92,8 @@ class Job:
     def finish(
         self, status: JobStatus, error: str | None = None, code: str | None = None, param: str | None = None
     ) -> None:
-        """Move to a terminal state and say so in the events."""
+        """Move to a terminal state and say so in the events. `error` is shown to users: paths are cut."""
+        error = redact_paths(error) if error else error
         self.status, self.error, self.finished_at = status, error, time.time()
         self.error_code, self.error_param = (code or "training_failed", param) if error else (None, None)
         if status == JobStatus.SUCCEEDED:
@@ -96,6 +105,7 @@ class Job:
 
 
 MAX_METRIC_EVENTS = 200
+RETRY_SAVE_S = 5.0  # how often an idle worker retries writing records a full disk refused
 
 
 def new_job_id() -> str:
@@ -114,6 +124,10 @@ class JobQueue(Protocol):
     def depth(self) -> int: ...
     def cancel(self, job_id: str) -> Job | None: ...
     def close(self) -> None: ...
+    # job.skill for this job until it ends (trainer.reservations): None, or the id of the job that holds it
+    def reserve(self, job: Job) -> str | None: ...
+    def release(self, job: Job) -> None: ...  # a reservation whose job was never recorded (its creation failed)
+    def trainer_alive(self) -> bool | None: ...  # this process' trainer thread runs; None: it runs none here
 
 
 Runner = Callable[[Job, list[Example], TrainConfig, Callable[[Progress], None], Callable[[], bool]], SkillRecord]
@@ -138,6 +152,10 @@ class LocalJobQueue:
         self._cancel: dict[str, threading.Event] = {}
         self._queue: queue.Queue[tuple[Job, list[Example], TrainConfig] | None] = queue.Queue()
         self._lock = threading.Lock()
+        self._disk = threading.Lock()  # one record write at a time, and the set of those not written yet
+        self._unsaved: set[str] = set()
+        self._names = NameReservations(lambda job_id: j.status if (j := self._jobs.get(job_id)) else None)
+        sweep(self.dir)  # a record write a kill or a full disk cut short
         self._load()
         self._thread = threading.Thread(target=self._work, name="skillpool-trainer", daemon=True)
         self._thread.start()
@@ -149,40 +167,83 @@ class LocalJobQueue:
             except (ValueError, TypeError) as e:
                 log.warning("ignoring unreadable job record %s: %s", p, e)
                 continue
+            self._jobs[job.id] = job  # in memory first: a save that fails is retried from here
             if job.status not in TERMINAL:
                 job.finish(JobStatus.FAILED, "the server stopped before this job finished", "server_restarted")
                 self._save(job)
-            self._jobs[job.id] = job
+
+    def _write(self, job: Job) -> None:
+        """Write the record now, then any an earlier save could not; StorageError if this one cannot be."""
+        with self._disk:
+            atomic_write(self.dir / f"{job.id}.json", json.dumps(job.to_dict()).encode(), fsync=False)
+            self._unsaved.discard(job.id)
+            self._flush()
+
+    def _flush(self) -> None:
+        for job_id in list(self._unsaved):
+            if (job := self._jobs.get(job_id)) is not None:
+                try:
+                    atomic_write(self.dir / f"{job_id}.json", json.dumps(job.to_dict()).encode(), fsync=False)
+                except OSError:
+                    return  # still full: the next save or the idle retry tries again
+            self._unsaved.discard(job_id)
 
     def _save(self, job: Job) -> None:
-        tmp = self.dir / f".{job.id}.json.tmp"
-        tmp.write_text(json.dumps(job.to_dict()))
-        os.replace(tmp, self.dir / f"{job.id}.json")
+        """Write the record, or keep it in memory to write later: a full disk never stops the worker."""
+        try:
+            self._write(job)
+        except OSError as e:
+            with self._disk:
+                if job.id not in self._unsaved:
+                    log.error("job %s: record not written (%s); kept in memory and retried", job.id, e)
+                self._unsaved.add(job.id)
+
+    def unsaved(self) -> set[str]:  # jobs whose latest state is not on disk yet
+        with self._disk:
+            return set(self._unsaved)
 
     # --- API ----------------------------------------------------------------------------------
     def add(self, job: Job) -> Job:
-        """Record a job that is not queued yet (its files are being validated)."""
+        """Record a job that is not queued yet (its files are being validated). StorageError: nothing recorded."""
         with self._lock:
+            self._write(job)
             self._jobs[job.id] = job
-            self._save(job)
         return job
 
     def update(self, job: Job) -> None:
         with self._lock:
             self._jobs[job.id] = job
             self._save(job)
+        if job.status in TERMINAL:
+            self._names.release(job.skill, job.id)
+
+    def reserve(self, job: Job) -> str | None:
+        return self._names.reserve(job.skill, job.id)
+
+    def release(self, job: Job) -> None:
+        self._names.release(job.skill, job.id)
+
+    def trainer_alive(self) -> bool:
+        return self._thread.is_alive()
 
     def publish(self, event: dict[str, Any]) -> None:
         if self.on_event is not None:
             self.on_event(event)
 
     def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
+        """Queue a job. StorageError (disk full): nothing queued, the job as it was (not counted as pending)."""
         with self._lock:
+            before, events = job.status, len(job.events)
             job.status = JobStatus.QUEUED
             job.log("Files validated, moving job to queued state")
+            try:
+                self._write(job)
+            except OSError:
+                job.status = before
+                del job.events[events:]
+                raise
             self._jobs[job.id] = job
             self._cancel[job.id] = threading.Event()
-            self._save(job)
         self._queue.put((job, examples, cfg))
         return job
 
@@ -213,20 +274,42 @@ class LocalJobQueue:
     def _finish(self, job: Job, status: JobStatus, error: str | None = None, code: str | None = None) -> None:
         job.finish(status, error, code)
         self._save(job)
+        self._names.release(job.skill, job.id)
         if self.on_finish is not None:
-            self.on_finish(job)
+            try:
+                self.on_finish(job)
+            except Exception:
+                log.exception("on_finish failed for job %s", job.id)
 
     def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            job, examples, cfg = item
-            stop = self._cancel[job.id]
-            if stop.is_set():
+        while True:
+            try:  # idle: now and then, retry the records a full disk refused
+                item = self._queue.get(timeout=RETRY_SAVE_S)
+            except queue.Empty:
+                if self._unsaved:
+                    with self._disk:
+                        self._flush()
                 continue
-            with self._lock:
-                job.status, job.started_at = JobStatus.RUNNING, time.time()
-                job.log("Fine-tuning job started")
-                self._save(job)
-            run_job(job, examples, cfg, self.runner, self._save, self._finish, self.on_success, stop.is_set)
+            if item is None:
+                return
+            job = item[0]
+            try:
+                self._run(*item)
+            except Exception as e:  # the job ends; the worker lives on for the next one
+                log.exception("job %s: the worker caught an error", job.id)
+                if job.status not in TERMINAL:
+                    code, message = describe(e)
+                    self._finish(job, JobStatus.FAILED, message, code)
+
+    def _run(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> None:
+        stop = self._cancel[job.id]
+        if stop.is_set():
+            return
+        with self._lock:
+            job.status, job.started_at = JobStatus.RUNNING, time.time()
+            job.log("Fine-tuning job started")
+            self._save(job)
+        run_job(job, examples, cfg, self.runner, self._save, self._finish, self.on_success, stop.is_set)
 
 
 def run_job(
@@ -269,9 +352,10 @@ def run_job(
         _log_gate(job, e.report)
         finish(job, JobStatus.FAILED, str(e), "quality_gate_failed")
         return
-    except Exception as e:
+    except Exception as e:  # the full detail (paths, traceback) stays in the log; the job says what and why
         log.error("training job %s failed:\n%s", job.id, traceback.format_exc())
-        finish(job, JobStatus.FAILED, f"{type(e).__name__}: {e}", "training_error")
+        code, message = describe(e)
+        finish(job, JobStatus.FAILED, message, code)
         return
     finally:  # training is over, whatever its outcome: its freed activations' pages go back to the OS
         release_freed_memory()

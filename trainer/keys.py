@@ -30,6 +30,10 @@ class RedisKeys:
         """Set when a cancel is requested."""
         return f"{self.prefix}:cancel:{job_id}"
 
+    def skill(self, name: str) -> str:
+        """The id of the job that creates or trains this skill now (trainer.reservations), until it ends."""
+        return f"{self.prefix}:skill:{name}"
+
     @property
     def jobs(self) -> str:
         """Sorted set of job ids by creation time."""

@@ -27,6 +27,23 @@ class Cancelled(Exception):
     pass
 
 
+def stop_check(should_stop: Callable[[], bool] | None, every_s: float = 1.0) -> Callable[[], None]:
+    """A check for the stages outside the loop (key preparation, embedding, the gate) that raises Cancelled once
+    `should_stop()` says so, asking at most every `every_s` s: in Redis mode each ask is a round trip, and a
+    server's should_stop also yields to chat."""
+    last = -math.inf
+
+    def check() -> None:
+        nonlocal last
+        if should_stop is None or time.monotonic() - last < every_s:
+            return
+        last = time.monotonic()
+        if should_stop():
+            raise Cancelled()
+
+    return check
+
+
 @dataclass
 class Progress:
     step: int

@@ -15,6 +15,10 @@ stream; retiring a skill or rolling it back appends {"type": "skill_retired", "n
 {"type": "skill_activated", "name", "version"}. Every server reads the stream from the last id it saw, so
 one that was disconnected gets what it missed when it is back; every `resync_s` the listener also hands
 on_event {"type": "resync"} (the stream is trimmed): the server then serves exactly what the store says.
+
+A job reserves its skill's name across every server (trainer.reservations): `skill:<name>` holds its id, set
+only if no live job holds it (a holder whose record has ended is replaced), deleted when the job ends. Until the
+job's record exists the key has a TTL, so a server that dies while creating a job frees the name by itself.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ import redis
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
+from .failures import describe
 from .jobs import Job, Runner, run_job
 from .keys import DEFAULT_PREFIX, RedisKeys
 from .records import TERMINAL, Example, JobStatus
+from .reservations import CREATION_GRACE_S, RELEASE_SCRIPT, RESERVE_SCRIPT
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +102,14 @@ class RedisJobQueue:
         self.runner, self.on_success, self.on_finish, self.on_event = runner, on_success, on_finish, on_event
         self.resync_s, self.lease_s, self.max_tries = resync_s, lease_s, max_tries
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._claim, self._sweep, self._renew = (self.r.register_script(x) for x in (_CLAIM, _SWEEP, _RENEW))
+        scripts = (_CLAIM, _SWEEP, _RENEW, RESERVE_SCRIPT, RELEASE_SCRIPT)
+        self._claim, self._sweep, self._renew, self._reserve, self._release = map(self.r.register_script, scripts)
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._worker: threading.Thread | None = None
         if runner is not None:
-            self._threads.append(threading.Thread(target=self._work, name="skillpool-trainer", daemon=True))
+            self._worker = threading.Thread(target=self._work, name="skillpool-trainer", daemon=True)
+            self._threads.append(self._worker)
         if on_event is not None:
             self._last_event = self._stream_tail()  # what happened before this server loaded the store is in it
             self._threads.append(threading.Thread(target=self._listen, name="skillpool-events", daemon=True))
@@ -133,11 +142,29 @@ class RedisJobQueue:
         with self.r.pipeline() as pipe:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.zadd(self.keys.jobs, {job.id: job.created_at})
+            pipe.persist(self.keys.skill(job.skill))  # recorded: the name is held until the job ends
             pipe.execute()
         return job
 
     def update(self, job: Job) -> None:
-        self._save(job)
+        if job.status not in TERMINAL:
+            self._save(job)
+            return
+        with self.r.pipeline() as pipe:
+            pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
+            self._release(keys=[self.keys.skill(job.skill)], args=[job.id], client=pipe)
+            pipe.execute()
+
+    def reserve(self, job: Job) -> str | None:
+        grace = int(CREATION_GRACE_S * 1000)
+        holder = self._reserve(keys=[self.keys.skill(job.skill)], args=[job.id, self.keys.job(""), grace])
+        return str(holder) if holder else None
+
+    def release(self, job: Job) -> None:
+        self._release(keys=[self.keys.skill(job.skill)], args=[job.id])
+
+    def trainer_alive(self) -> bool | None:
+        return self._worker.is_alive() if self._worker is not None else None
 
     def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
         job.status = JobStatus.QUEUED
@@ -147,6 +174,7 @@ class RedisJobQueue:
             pipe.zadd(self.keys.jobs, {job.id: job.created_at})
             pipe.set(self.keys.data(job.id), json.dumps({"examples": examples, "config": cfg.to_dict()}))
             pipe.rpush(self.keys.queue, job.id)
+            pipe.persist(self.keys.skill(job.skill))
             pipe.execute()
         return job
 
@@ -176,6 +204,7 @@ class RedisJobQueue:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.lrem(self.keys.processing, 0, job.id)
             pipe.delete(self.keys.data(job.id), self.keys.lease(job.id), self.keys.cancel(job.id))
+            self._release(keys=[self.keys.skill(job.skill)], args=[job.id], client=pipe)
             pipe.execute()
         if self.on_finish is not None:
             self.on_finish(job)
@@ -220,6 +249,18 @@ class RedisJobQueue:
             except redis.RedisError as e:  # never let the trainer thread die silently on a Redis error
                 log.warning("job queue unreachable while running job %s (%s); going on", job_id, e)
                 self._closed.wait(2)
+            except Exception as e:  # nor on anything else: the job ends failed, the worker takes the next one
+                log.exception("job %s: the worker caught an error", job_id)
+                self._fail(str(job_id), e)
+
+    def _fail(self, job_id: str, e: Exception) -> None:
+        try:
+            job = self.get(job_id)
+            if job is not None and job.status not in TERMINAL:
+                code, message = describe(e)
+                self._finish(job, JobStatus.FAILED, message, code)
+        except Exception:  # Redis gone too: the lease expires and a sweep retries the job
+            log.exception("job %s: could not record its failure", job_id)
 
     def _run(self, job_id: str) -> None:
         """Run a claimed job under its lease: renewed while training, checked before the job's end is written."""

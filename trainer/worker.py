@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import shutil
-import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -36,7 +37,7 @@ from .attentive import train_attentive
 from .config import TrainConfig, method_error
 from .judge import Judge, LocalJudge
 from .kif import KIFSettings, StartTrial, choose_start, init_from_blocks, train_kif
-from .loop import Progress
+from .loop import Progress, stop_check
 from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapter, schedule_of
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
@@ -86,6 +87,24 @@ def _copy_files(src: Path, dst: Path) -> None:
         shutil.copy2(f, dst / f.name)
 
 
+def _touching(folder: Path, on_progress: Callable[[Progress], None] | None) -> Callable[[Progress], None]:
+    """`on_progress` that also touches `folder` each minute: a sweep on another host goes by its age."""
+    last = time.monotonic()
+
+    def report(p: Progress) -> None:
+        nonlocal last
+        if time.monotonic() - last > 60:
+            last = time.monotonic()
+            try:
+                os.utime(folder)
+            except OSError:
+                pass
+        if on_progress is not None:
+            on_progress(p)
+
+    return report
+
+
 class SkillTrainer:
     """Trains skills against one base model and one router; used by the job queue's worker."""
 
@@ -104,6 +123,7 @@ class SkillTrainer:
         trainer's own model."""
         self.store, self.router, self.base, self.device, self.sync_router = store, router, base, device, sync_router
         self.judge = judge
+        store.clean_tmp()  # scratch and half-written versions of a trainer that was killed (live owners' stay)
 
     def _load_base(self) -> tuple[Any, Any]:
         import torch
@@ -131,28 +151,36 @@ class SkillTrainer:
         force: bool = False,
         extra_meta: dict[str, Any] | None = None,
     ) -> SkillRecord:
-        """Train, gate and store one skill. Raises QualityGateFailed (nothing stored) unless `force`.
+        """Train, gate and store one skill. Raises QualityGateFailed (nothing stored) unless `force`, Cancelled
+        once `should_stop()` says so, at every stage (key preparation and its embedding included).
         `extra_meta` goes into meta.json as is (e.g. the OpenAI `fine_tuned_model` id the skill answers to)."""
+        check = stop_check(should_stop)
+        check()
         self.check_method(method)
         train, held, replay, probe = split_examples(examples, cfg)
         if self.sync_router:
             self._sync_router()
         train_texts = [e["route_text"] for e in train]
         router_tensors = self.router.prepare_keys(  # inputs and answers: gate on fields and labels, not wording
-            train_texts, [str(e.get("route_input", e["route_text"])) for e in train], [str(e["answer"]) for e in train]
+            train_texts,
+            [str(e.get("route_input", e["route_text"])) for e in train],
+            [str(e["answer"]) for e in train],
+            check,
         )
         router_meta: dict[str, Any] = {
             "mode": self.router.settings.mode,
             "threshold": float(router_tensors["threshold"][0]),
         }
         training: dict[str, Any] = {"method": method, "config": cfg.to_dict()}
+        check()
         model, tok = self._load_base()
         pseudo: list[str] = []
         if self.router.mode.learns_projector and self.router.settings.sapt.replay == "pseudo":
             # this skill's own pseudo inputs, replayed when later skills learn
             pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
-        with tempfile.TemporaryDirectory(prefix="skillpool-block-") as tmp:
-            folder = Path(tmp)
+        check()
+        with self.store.scratch("block-") as folder:  # on the data dir's disk, swept at start if we are killed
+            report = _touching(folder, on_progress)
             if method == "sapt":
                 held_texts, replay_texts, pool = (
                     [e["route_text"] for e in held],
@@ -162,7 +190,11 @@ class SkillTrainer:
                 assert pool is not None
                 # router-only stage first (SAPT's settings.steps of CE + ARM): the LM steps alone are too few to place the key
                 warm = self.router.sapt_state().learn(
-                    name, pool(train_texts), pool(held_texts), {n: pool(t) for n, t in replay_texts.items() if t}
+                    name,
+                    pool(train_texts),
+                    pool(held_texts),
+                    {n: pool(t) for n, t in replay_texts.items() if t},
+                    check,
                 )
                 result = train_attentive(
                     model,
@@ -176,7 +208,7 @@ class SkillTrainer:
                     {n: self._record(n).adapter() for n in warm.names if n != name},
                     replay_texts,
                     route_weight=cfg.sapt_route_weight,
-                    on_progress=on_progress,
+                    on_progress=report,
                     should_stop=should_stop,
                 )
                 save_peft_adapter(
@@ -187,21 +219,23 @@ class SkillTrainer:
             else:
                 if self.router.mode.learns_projector:  # the block trains alone; the router still learns its key
                     tensors, mean_attention = self.router.prepare_sapt(
-                        name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name)
+                        name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name), check
                     )
                     router_tensors.update(tensors)
                     router_meta["sapt_attention"] = mean_attention
                 peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
                 if method == "kif":
-                    training["kif"] = self._train_kif(name, peft_model, tok, train, held, cfg, on_progress, should_stop)
+                    training["kif"] = self._train_kif(name, peft_model, tok, train, held, cfg, report, should_stop)
                 else:
-                    fit_config(peft_model, tok, train, cfg, on_progress, should_stop)
+                    fit_config(peft_model, tok, train, cfg, report, should_stop)
                 save_adapter(peft_model, folder, self.base.model_id)
                 model = cast(Any, peft_model).unload()  # the plain base model again, for the gate's routed generation
             attention = router_meta.get("sapt_attention")
+            check()
             quality = self._gate(
-                name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, attention, force
+                name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, attention, force, check
             )
+            check()
             draft = SkillDraft(
                 name=name,
                 write_adapter=lambda dst: _copy_files(folder, dst),
@@ -316,12 +350,14 @@ class SkillTrainer:
         tensors: dict[str, Any],
         attention: dict[str, float] | None,
         force: bool,
+        check: Callable[[], None],
     ) -> dict[str, Any]:
         """Score the new block and re-check earlier skills through the routed pool; raise unless it passes or is forced."""
         judge = self.judge or LocalJudge(model, tok)
         key = judge.candidate(name, lambda: adapter)
         try:
             new = held_out_scores(judge, tok, key, train, held)
+            check()
             earlier = [rec for rec in self.store.list_latest() if rec.name != name]
             scratch = Router(self.router.embedder, self.router.settings, self.router.pooler)  # live router untouched
             probe = PoolProbe(scratch, earlier).run(judge, tok, name, key, tensors, attention)

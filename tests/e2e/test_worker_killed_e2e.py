@@ -56,6 +56,7 @@ def test_a_killed_worker_s_job_is_finished_by_another_and_served(tiny_base, tmp_
             workers[0].send_signal(signal.SIGKILL)
             workers[0].wait()
             assert job()["status"] == "running"  # nobody ended it: only the lease can tell
+            assert any((data / "tmp").iterdir())  # its scratch, in the data dir: swept by the next worker's start
             assert not (data / "skills" / "sst-2").exists() or not any((data / "skills" / "sst-2").glob("v*"))
 
             workers.append(_worker(url, data, tiny_base.path, tmp_path / "worker2.log"))
@@ -65,6 +66,7 @@ def test_a_killed_worker_s_job_is_finished_by_another_and_served(tiny_base, tmp_
             assert done["tries"] == 2 and done["skill_version"] == 1
             assert any("try 2 of 3" in e["message"] for e in done["events"])
             assert sorted(p.name for p in (data / "skills" / "sst-2").glob("v*")) == ["v1"]
+            assert list((data / "tmp").iterdir()) == []  # the killed worker's scratch went at the next start
 
             # the server heard of it through the events stream and serves it
             from openai import OpenAI

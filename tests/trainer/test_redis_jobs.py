@@ -46,6 +46,7 @@ def test_worker_elsewhere_trains_and_every_server_serves(redis_url, prefix, tiny
             job = wait_job(client, r.json()["id"])
             assert job["status"] == "succeeded" and job["skill_version"] == 1, job
             assert [j["id"] for j in client.get("/tasks").json()["data"]] == [job["id"]]
+            assert "trainer" not in client.get("/readyz").json()["checks"]  # workers elsewhere train
             deadline = time.time() + 30
             while "sst-2" not in [m["id"] for m in client.get("/v1/models").json()["data"]] and time.time() < deadline:
                 time.sleep(0.2)
