@@ -1,4 +1,5 @@
-"""Admin endpoints: fallback demand clusters (requests no skill serves yet, router.demand)."""
+"""Admin endpoints: fallback demand clusters (requests no skill serves yet, router.demand). They show the
+text of other callers' requests: admin keys only (server.auth)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, FastAPI, Query, Request
 
 from skillpool.router import Router
 
+from .auth import require
 from .metrics import Metrics
 
 api = APIRouter()
@@ -17,6 +19,7 @@ api = APIRouter()
 @api.get("/v1/skillpool/fallback_clusters")
 async def fallback_clusters(request: Request, min_size: float = Query(0.0, ge=0.0)) -> dict[str, Any]:
     """Clusters of recent fallback requests, heaviest first: decayed size, count, examples, nearest skills."""
+    require(request, "admin", "the fallback clusters (they show request text)")
     router: Router = request.app.state.components.router
     data = router.demand.snapshot(router.nearest_skills, min_weight=min_size)
     return {

@@ -17,6 +17,7 @@ from skillpool.trainer.jobs import JobQueue
 
 from . import models_api
 from .admin_api import install_admin
+from .auth import KeyRing
 from .chat_api import install_chat
 from .config import ServerConfig
 from .engines import Engine
@@ -57,13 +58,17 @@ class Components:
         self.engine.close()
 
 
-def create_app(c: Components) -> FastAPI:
+def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
+    """`keys`: the keys in force (`skillpool serve` passes the ring its SIGHUP handler reloads); default: c.cfg's."""
     app = FastAPI(title="skillpool", version="0.1.0")
     app.state.components = c
+    app.state.keys = keys = keys if keys is not None else KeyRing.from_config(c.cfg)
+    exposed = not keys.keys and c.cfg.host not in ("127.0.0.1", "localhost", "::1")  # anyone on the network may train
+    log.log(logging.WARNING if exposed else logging.INFO, "%s", keys.summary())
     install_handlers(app)
     install_admin(app, c.router, c.metrics)
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
-    app.add_middleware(AuthAndCount, api_key=c.cfg.api_key, metrics=c.metrics, admin_key=c.cfg.admin_key)
+    app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 
     install_health(app, c)
     install_chat(app, c)

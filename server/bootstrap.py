@@ -53,6 +53,8 @@ def make_runner(
             return done
         alias = (job.fine_tuning or {}).get("fine_tuned_model")  # the OpenAI model id the skill answers to
         extra: dict[str, Any] = {"training_job": job.id}
+        if job.owner is not None:  # the key name that trained it: a train key extends only its own skills
+            extra["owner"] = job.owner
         if alias:
             extra |= {"fine_tuned_model": alias, "fine_tuning_job": job.id}
         return trainer.run(
@@ -148,4 +150,6 @@ def build_components(
     routing = RoutingStage(
         router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_loaded_skills, cfg.max_waiting
     )
-    return Components(cfg, base, store, engine, router, pool, jobs, routing, metrics, time.time())
+    components = Components(cfg, base, store, engine, router, pool, jobs, routing, metrics, time.time())
+    _ = components.files  # open the file store now: it sweeps the partial uploads of a server that was killed
+    return components

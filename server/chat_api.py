@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from skillpool.router import Decision
 from skillpool.trainer.datasets import route_text
 
-from .engines import EngineBusy, EngineEvent, EngineRequest, SamplingParams
-from .errors import APIError
+from .engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, SamplingParams
+from .errors import APIError, read_json
 from .openai_api import (
     CHAT_REQUEST_SCHEMA,
     ChatParams,
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from .app import Components
 
 log = logging.getLogger(__name__)
+
+# Weights are relative; a bound keeps their sum finite (1e308 twice overflowed to inf, and inf/inf is NaN).
+MAX_MIX_WEIGHT = 1e6
 
 
 def _target(c: Components, model: str) -> Target:
@@ -68,9 +71,12 @@ def _explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
             w = float(raw)
         except ValueError:
             w = math.nan
-        if not math.isfinite(w) or w <= 0:
+        if not math.isfinite(w) or w <= 0 or w > MAX_MIX_WEIGHT:
             raise APIError(
-                400, f"mix weight for {name!r} must be a positive number, got {raw!r}", "model", "invalid_value"
+                400,
+                f"mix weight for {name!r} must be a number in (0, {MAX_MIX_WEIGHT:g}], got {raw!r}",
+                "model",
+                "invalid_value",
             )
         if c.pool.get(name) is None:
             raise APIError(404, f"The model '{name}' in the mix does not exist", "model", "model_not_found")
@@ -125,10 +131,7 @@ def install_chat(app: FastAPI, c: Components) -> None:
     )
     async def chat(request: Request) -> Response:
         t0 = time.perf_counter()
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise APIError(400, "request body is not valid JSON", None, "invalid_json") from None
+        body = await read_json(request)
         params = parse_chat_request(body)
         target = _target(c, params.model)
         # a long prompt takes seconds to template and tokenize: never on the event loop
@@ -162,6 +165,8 @@ def install_chat(app: FastAPI, c: Components) -> None:
             first = await _first_event(request, events)  # submits: a full queue answers 429 before any response
         except EngineBusy as e:
             raise _busy(e) from None
+        except EngineDead as e:  # liveness is red already: fail at once, never queue to a dead loop
+            raise APIError(503, str(e), None, "engine_unavailable") from None
         if first is None:  # the client left while the request waited for a slot or its prefill
             return Response(status_code=499)
         if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine

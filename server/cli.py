@@ -128,15 +128,23 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument(
         "--api-key",
         default=os.environ.get("SKILLPOOL_API_KEY"),
-        help="require this bearer token (env SKILLPOOL_API_KEY)",
+        help="a bearer token with role chat, named api-key: chat, models, its own files and jobs read-only "
+        "(env SKILLPOOL_API_KEY)",
     )
     p.add_argument(
         "--admin-api-key",
         "--admin-key",
         dest="admin_key",
         default=os.environ.get("SKILLPOOL_ADMIN_KEY"),
-        help="bearer token for uploads, training, force, retire and rollback; --api-key then only chats and reads "
-        "(env SKILLPOOL_ADMIN_KEY; default: any caller the API key admits)",
+        help="a bearer token with role admin, named admin: everything. Alone, it leaves only chat and models open "
+        "to callers without a key (env SKILLPOOL_ADMIN_KEY)",
+    )
+    p.add_argument(
+        "--api-keys-file",
+        type=Path,
+        default=os.environ.get("SKILLPOOL_API_KEYS_FILE") or None,  # an empty variable (compose's default): no file
+        help="keys, one 'NAME ROLE KEY' a line (roles chat, train, admin; # comments), re-read on SIGHUP "
+        "(env SKILLPOOL_API_KEYS_FILE). With no key at all every endpoint is open",
     )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     _threads_argument(p)
@@ -263,9 +271,12 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import signal
+
     import uvicorn
 
     from .app import create_app
+    from .auth import KeyFileError, KeyRing
     from .bootstrap import build_components
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -279,6 +290,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         api_key=args.api_key,
         admin_key=args.admin_key,
+        api_keys_file=args.api_keys_file,
         device=args.device,
         engine=args.engine,
         batch_window_s=args.batch_window_ms / 1000,
@@ -299,8 +311,13 @@ def _serve(args: argparse.Namespace) -> int:
         run_trainer=not args.no_trainer,
         router=_router_settings(args),
     )
+    try:
+        keys = KeyRing.from_config(cfg)  # before the model loads: a bad keys file stops the start at once
+    except KeyFileError as e:
+        raise SystemExit(f"skillpool serve: {e}") from None
+    signal.signal(signal.SIGHUP, lambda *_: keys.reload())  # uvicorn handles SIGINT and SIGTERM, not this one
     components = build_components(cfg)
-    app = create_app(components)
+    app = create_app(components, keys)
     print(
         f"skillpool: serving {components.base.model_id} with {len(components.pool.records())} skill(s) on http://{cfg.host}:{cfg.port}",
         file=sys.stderr,

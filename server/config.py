@@ -15,8 +15,9 @@ class ServerConfig:
     model: Path | None = None  # None: the packaged SmolLM2-135M-Instruct
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # when set, /v1 and /tasks need "Authorization: Bearer <key>"
-    admin_key: str | None = None  # when set, only this bearer may force, retire or roll back; None: any caller
+    api_key: str | None = None  # a `chat` key named "api-key" (server.auth); no key at all: single-tenant
+    admin_key: str | None = None  # an `admin` key named "admin"; alone, it leaves only chat and models open
+    api_keys_file: Path | None = None  # `NAME ROLE KEY` lines (chat, train, admin), re-read on SIGHUP
     device: str | None = None  # None: cuda if available, else cpu
     engine: str = "hf"  # which engine serves (server.engines.ENGINES)
     batch_window_s: float = 0.01  # routing: how long the first request waits for company to embed with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis
@@ -9,6 +10,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from skillpool.adapters_store.diskio import StorageError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -22,6 +25,7 @@ _TYPES = {
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",
+    507: "server_error",
 }
 
 
@@ -38,6 +42,36 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.extra = status, message, param, code, extra
         self.headers = headers or {}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(
+    raw: bytes | str,
+    param: str | None = None,
+    what: str = "request body",
+    code: str = "invalid_json",
+    constants: bool = False,
+) -> Any:
+    """JSON from a client: malformed text, nesting deeper than the parser's recursion limit, integers past
+    Python's digit limit and (unless `constants`: the caller checks each number and names its field) NaN and
+    Infinity are a 400 naming `param`, never a 500."""
+    try:
+        return json.loads(raw) if constants else json.loads(raw, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise APIError(
+            400, f"{what} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})", param, code
+        ) from None
+    except (UnicodeDecodeError, RecursionError, ValueError) as e:
+        detail = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(";")[0]
+        raise APIError(400, f"{what} is not valid JSON: {detail}", param, code) from None
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as strict JSON (see parse_json)."""
+    return parse_json(await request.body())
 
 
 def envelope(
@@ -86,6 +120,13 @@ def install_handlers(app: Any) -> None:
             503, f"the job queue is unreachable ({type(exc).__name__}); retry later", None, "queue_unavailable"
         )
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+    @app.exception_handler(StorageError)
+    async def _storage(_: Request, exc: StorageError) -> JSONResponse:
+        # an upload or a job the data dir could not take (disk full): the store removed what it had begun
+        why = "no space left on device" if exc.full else f"the data dir could not be written ({exc.strerror})"
+        body = envelope(507, f"{why}: nothing was stored; retry later", None, "insufficient_storage")
+        return JSONResponse(body, status_code=507)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="{}", help="training hyperparameters (JSON)")
     p.add_argument("--force", action="store_true", help="register even if the quality gate fails")
     p.add_argument("--new-version", action="store_true", help="train a new version of a skill that exists")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=None, help="a key with role train or admin, when the server has keys")
     p.add_argument("--no-wait", action="store_true", help="print the job and return at once")
 
 

@@ -1,5 +1,5 @@
 """Health and metrics endpoints: GET /healthz (liveness: engine and routing alive; 503 otherwise), GET /readyz
-(readiness, with each check) and GET /metrics."""
+(readiness, with each check; the trainer is named but does not gate it) and GET /metrics."""
 
 from __future__ import annotations
 
@@ -38,13 +38,19 @@ def install_health(app: FastAPI, c: Components) -> None:
     async def readyz() -> JSONResponse:
         """Readiness: may this replica take traffic? The engine thread alive, the routing stage alive and the
         base model loaded (components are built before the app serves). Redis is left out on purpose: chat
-        keeps working without it, so a balancer must not drain the replica when only uploads are affected."""
+        keeps working without it, so a balancer must not drain the replica when only uploads are affected.
+        For the same reason `trainer` (this server's trainer thread alive) is shown, and listed in `failing`
+        when false, but never makes the replica unready; a server that runs no trainer (Redis workers train)
+        has no `trainer` check."""
         checks = {
             "engine": c.engine.healthy(),
             "routing": c.routing.alive(),
             "model": c.engine.max_context > 0,
         }
         ready = all(checks.values())
+        trainer = c.jobs.trainer_alive()
+        if trainer is not None:
+            checks["trainer"] = trainer
         failing = [k for k, ok in checks.items() if not ok]
         body = {"status": "ready" if ready else "not_ready", "checks": checks, "failing": failing}
         return JSONResponse(body, status_code=200 if ready else 503)
@@ -56,6 +62,8 @@ def install_health(app: FastAPI, c: Components) -> None:
             m.training_queue.set(await asyncio.to_thread(c.jobs.depth))
         except Exception as e:  # the job queue (Redis) may be down: every other series still matters
             log.warning("/metrics: job queue depth unavailable: %s", e)
+        if (trainer := c.jobs.trainer_alive()) is not None:  # no series where no trainer runs
+            m.trainer_up.labels("local" if not c.cfg.redis_url else "redis").set(1 if trainer else 0)
         stats = c.engine.stats()
         m.queue_depth.set(stats["waiting"])
         m.running.set(stats["running"])

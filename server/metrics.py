@@ -59,6 +59,12 @@ class Metrics:
             "skillpool_training_jobs_total", "Training jobs finished, by status", ["status"], registry=r
         )
         self.training_queue = Gauge("skillpool_training_jobs_pending", "Training jobs queued or running", registry=r)
+        self.trainer_up = Gauge(  # labelled, so a server without a trainer (Redis workers train) exports none
+            "skillpool_trainer_up",
+            "1 while this server's trainer thread runs, 0 once it died (uploads queue but never train)",
+            ["queue"],
+            registry=r,
+        )
         self.training_loss = Gauge("skillpool_training_loss", "Latest smoothed training loss", ["skill"], registry=r)
         self.training_tokens_per_s = Gauge(
             "skillpool_training_tokens_per_second", "Training throughput", ["skill"], registry=r

@@ -1,4 +1,4 @@
-"""Bearer-key check and request counting as a plain ASGI middleware.
+"""Bearer-key check (server.auth: which key, which role) and request counting as a plain ASGI middleware.
 
 Not Starlette's BaseHTTPMiddleware: that one runs the endpoint behind its own receive channel, so a
 handler's `request.is_disconnected()` never sees the client go away, and every response is re-wrapped
@@ -7,20 +7,20 @@ as a stream.
 
 from __future__ import annotations
 
-import hmac
+import re
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .auth import KeyRing, denial, required_role
 from .errors import envelope
 from .metrics import Metrics
 
 _GUARDED = ("/v1", "/tasks")
 _MULTIPART = ("/tasks", "/v1/files")
-# Writes that train, upload or change what is served: the admin key's alone once one is set.
-_ADMIN_WRITES = ("/tasks", "/v1/files", "/v1/fine_tuning", "/v1/models")
-_READS = ("GET", "HEAD", "OPTIONS")  # uploads: multipart/form-data, checked by their handlers
 
 
 def json_required(scope: Scope) -> bool:
@@ -37,25 +37,29 @@ def json_required(scope: Scope) -> bool:
 
 
 class AuthAndCount:
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics: Metrics, admin_key: str | None = None) -> None:
-        self.app, self.api_key, self.metrics = app, api_key, metrics
-        self.accepted = [f"Bearer {k}".encode() for k in (api_key, admin_key) if k]  # the admin may do all a user may
-        self.admin = f"Bearer {admin_key}".encode() if admin_key else b""
+    def __init__(
+        self, app: ASGIApp, keys: KeyRing, metrics: Metrics, templates: Callable[[], Iterable[str]] = tuple
+    ) -> None:
+        self.app, self.keys, self.metrics = app, keys, metrics
+        self.templates = templates  # the app's path templates: a refused request is counted under its endpoint
+        self._compiled: list[tuple[str, re.Pattern[str]]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.api_key and str(scope["path"]).startswith(_GUARDED):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not any([hmac.compare_digest(given, k) for k in self.accepted]):  # a list: compare with every key
-                await send_json(send, 401, envelope(401, "invalid or missing API key", None, "invalid_api_key"))
+        path = str(scope["path"])
+        if path.startswith(_GUARDED):
+            principal = self.keys.principal(dict(scope["headers"]).get(b"authorization", b""))
+            need = required_role(str(scope["method"]), path)
+            if need == "anonymous" and not self.keys.anonymous_chat:
+                need = "chat"  # chat keys exist: no key, no chat
+            if (why := denial(principal, need)) is not None:
+                status, msg, code = why
+                await send_json(send, status, envelope(status, msg, None, code))
+                self.metrics.requests.labels(self._endpoint(path), str(status)).inc()
                 return
-            if self.admin and scope["method"] not in _READS and str(scope["path"]).startswith(_ADMIN_WRITES):
-                if not hmac.compare_digest(given, self.admin):
-                    msg = "this key may chat and read; uploads, training and model changes need the admin key"
-                    await send_json(send, 403, envelope(403, msg, None, "permission_denied"))
-                    return
+            scope.setdefault("state", {})["principal"] = principal  # request.state.principal (server.auth)
         if json_required(scope):
             msg = "Content-Type must be application/json"
             await send_json(send, 415, envelope(415, msg, "content-type", "unsupported_media_type"))
@@ -81,6 +85,12 @@ class AuthAndCount:
             if not streaming:  # a stream's duration is the answer's, recorded by the chat handler
                 self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
 
+    def _endpoint(self, path: str) -> str:
+        """The path template a refused request matches (the label it would have had once routed), or "unmatched"."""
+        if self._compiled is None:  # on the first refusal: every route is installed by then
+            self._compiled = [(t, compile_path(t)[0]) for t in self.templates()]
+        return next((t for t, rx in self._compiled if rx.match(path)), "unmatched")
+
 
 async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     import json
@@ -89,11 +99,3 @@ async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": raw})
-
-
-def is_admin(headers: Any, admin_key: str | None) -> bool:
-    """Whether a request may use admin actions (force, retire, rollback). Without an admin key every caller
-    the API key admits is trusted: the single-tenant default."""
-    if not admin_key:
-        return True
-    return hmac.compare_digest(str(headers.get("authorization", "")).encode(), f"Bearer {admin_key}".encode())

@@ -12,13 +12,13 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictInt
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.adapters_store.store import SkillRecord
 
+from .auth import require
 from .errors import APIError
-from .middleware import is_admin
 
 if TYPE_CHECKING:
     from .app import Components
@@ -27,7 +27,7 @@ api = APIRouter(prefix="/v1/models")
 
 
 class Rollback(BaseModel):
-    version: int | None = None  # None: the newest stored version
+    version: StrictInt | None = None  # None: the newest stored version; strict: `true` is not version 1
 
 
 def _components(request: Request) -> Components:
@@ -95,11 +95,6 @@ def _versions(c: Components, name: str) -> dict[str, Any]:
     }
 
 
-def _require_admin(request: Request, c: Components, what: str) -> None:
-    if not is_admin(request.headers, c.cfg.admin_key):
-        raise APIError(403, f"{what} is for the admin (the --admin-key bearer)", None, "permission_denied")
-
-
 @api.get("")
 async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": model_objects(_components(request))}
@@ -126,7 +121,7 @@ async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
     name = c.pool.resolve(model_id)
     if name is None:
         raise _not_found(model_id)
-    _require_admin(request, c, "deleting a model")
+    require(request, "admin", "deleting a model")
     c.store.retire(name)
     c.pool.unregister(name)
     await asyncio.to_thread(c.jobs.publish, {"type": "skill_retired", "name": name})
@@ -140,7 +135,7 @@ async def rollback_model(request: Request, model_id: str, body: Rollback | None 
     name = stored_skill(model_id)
     if name is None or not c.store.versions(name):
         raise _not_found(model_id)
-    _require_admin(request, c, "rolling back a model")
+    require(request, "admin", "rolling back a model")
     version = body.version if body is not None else None
     try:
         rec = c.store.activate(name, version)

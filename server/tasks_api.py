@@ -4,7 +4,6 @@ GET /tasks/{id} and DELETE /tasks/{id} (cancel)."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -15,10 +14,10 @@ from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
 from skillpool.trainer.jobs import Job, new_job_id
-from skillpool.trainer.records import TERMINAL, JobStatus
+from skillpool.trainer.records import TERMINAL, Example, JobStatus
 
-from .errors import APIError
-from .middleware import is_admin
+from .auth import Principal, principal_of, require
+from .errors import APIError, parse_json
 
 if TYPE_CHECKING:
     from .app import Components
@@ -52,24 +51,29 @@ def install_tasks(app: FastAPI, c: Components) -> None:
         if not isinstance(method, str) or (problem := method_error(method, c.router.settings.mode)):
             raise APIError(400, problem or "method must be a string", "method", "invalid_method")
         force = _flag(form.get("force"), "force")
-        if force and not is_admin(request.headers, c.cfg.admin_key):  # as metadata.force on /v1/fine_tuning/jobs
-            raise APIError(403, "force (register past the quality gate) is for the admin", "force", "permission_denied")
+        if force:  # as metadata.force on /v1/fine_tuning/jobs
+            require(request, "admin", "force (register past the quality gate)", "force")
         new_version = _flag(form.get("new_version"), "new_version")
         # a name that exists gets a new version only when asked: never overwrite someone's skill by accident
         existing = await asyncio.to_thread(c.store.versions, name)
         if existing and not new_version:
-            raise APIError(
-                409,
-                f"skill {name!r} exists (version {existing[-1].version}); send new_version=true to train version "
-                f"{existing[-1].version + 1}, or choose another name",
-                "name",
-                "skill_exists",
-            )
+            raise _exists(name, existing[-1].version)
+        caller = require(request, "train", "uploading a task")  # the middleware checked it too, by path
+        if new_version and not caller.can("admin"):  # a train key extends only the skills it created
+            found, creator = await asyncio.to_thread(_creator, c, name)
+            if found and creator != caller.name:
+                raise APIError(
+                    403,
+                    f"skill {name!r} was created by another key: a new version needs that key or the admin",
+                    "name",
+                    "permission_denied",
+                )
         raw_cfg = form.get("config")
-        try:
-            cfg_obj = json.loads(raw_cfg) if isinstance(raw_cfg, str) and raw_cfg.strip() else {}
-        except json.JSONDecodeError as e:
-            raise APIError(400, f"config is not valid JSON: {e.msg}", "config", "invalid_config") from None
+        cfg_obj = (
+            parse_json(raw_cfg, "config", "config", "invalid_config", constants=True)
+            if isinstance(raw_cfg, str) and raw_cfg.strip()
+            else {}
+        )
         if not isinstance(cfg_obj, dict):
             raise APIError(400, "config must be a JSON object of hyperparameters", "config", "invalid_config")
         try:
@@ -100,33 +104,81 @@ def install_tasks(app: FastAPI, c: Components) -> None:
             status=JobStatus.VALIDATING,
             examples=len(examples),
             force=force,
+            owner=caller.name,
         )
         job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
         if existing:
             job.log(f"Skill {name} exists: this job trains version {existing[-1].version + 1} or later")
-        await asyncio.to_thread(c.jobs.submit, job, examples, cfg)
+        await asyncio.to_thread(_reserve_and_submit, c, job, examples, cfg, new_version)
         return JSONResponse(job.to_dict(), status_code=202)
 
     @app.get("/tasks")
-    def list_tasks() -> dict[str, Any]:
-        return {"object": "list", "data": [j.to_dict() for j in c.jobs.list()]}
+    def list_tasks(request: Request) -> dict[str, Any]:
+        caller = principal_of(request)
+        return {"object": "list", "data": [j.to_dict() for j in c.jobs.list() if caller.sees(j.owner)]}
 
-    def _job(job_id: str) -> Job:
+    def _job(job_id: str, caller: Principal) -> Job:
         job = c.jobs.get(job_id)
-        if job is None:
+        if job is None or not caller.sees(job.owner):  # another key's task: as if there were none
             raise APIError(404, f"no task with id {job_id!r}", "id", "task_not_found")
         return job
 
     @app.get("/tasks/{job_id}")
-    def get_task(job_id: str) -> dict[str, Any]:
-        return _job(job_id).to_dict()
+    def get_task(request: Request, job_id: str) -> dict[str, Any]:
+        return _job(job_id, principal_of(request)).to_dict()
 
     @app.delete("/tasks/{job_id}")
-    def cancel_task(job_id: str) -> dict[str, Any]:
-        job = _job(job_id)
+    def cancel_task(request: Request, job_id: str) -> dict[str, Any]:
+        job = _job(job_id, require(request, "train", "cancelling a task"))
         if job.status in TERMINAL:
             raise APIError(409, f"task {job_id} already {job.status}", "id", "task_finished")
         return (c.jobs.cancel(job_id) or job).to_dict()
+
+
+def _creator(c: Components, name: str) -> tuple[bool, str | None]:
+    """(whether skill `name` exists or is being trained, the name of the key that created it). The creator
+    is the owner of its first stored version, or before one is stored, of its oldest unfinished job."""
+    versions = c.store.versions(name)
+    if versions:
+        return True, versions[0].meta.get("owner")
+    pending = [j for j in c.jobs.list() if j.skill == name and j.status not in TERMINAL]
+    return (True, min(pending, key=lambda j: j.created_at).owner) if pending else (False, None)
+
+
+def _exists(name: str, version: int) -> APIError:
+    return APIError(
+        409,
+        f"skill {name!r} exists (version {version}); send new_version=true to train version {version + 1}, or "
+        "choose another name",
+        "name",
+        "skill_exists",
+    )
+
+
+def _reserve_and_submit(c: Components, job: Job, examples: list[Example], cfg: TrainConfig, new_version: bool) -> None:
+    """Queue `job` holding its skill's name (trainer.reservations). Of two uploads of one new name, one gets the
+    job and the other a 409 skill_exists; a new version while another job for that skill is queued or running is a
+    409 skill_busy (send it again once that job ended). A job that cannot be written (a 507) frees the name."""
+    if c.jobs.reserve(job) is not None:
+        if new_version:
+            raise APIError(
+                409,
+                f"skill {job.skill!r} is being trained by another job (queued or running): send the new version "
+                "again once that job has ended",
+                "name",
+                "skill_busy",
+            )
+        raise APIError(
+            409, f"skill {job.skill!r} is being created by another job: choose another name", "name", "skill_exists"
+        )
+    try:
+        existing = c.store.versions(job.skill)  # the job that held the name until a moment ago may have stored it
+        if existing and not new_version:
+            raise _exists(job.skill, existing[-1].version)
+        c.jobs.submit(job, examples, cfg)
+    except BaseException:
+        c.jobs.release(job)
+        raise
 
 
 def _flag(raw: object, field: str) -> bool:

@@ -12,6 +12,7 @@ from starlette.datastructures import UploadFile
 
 from skillpool.trainer.files import PURPOSES, FileStore, StoredFile
 
+from ..auth import Principal, principal_of, require
 from ..errors import APIError
 from .protocol import FileDeleted, FileObject, page
 
@@ -30,9 +31,9 @@ def file_object(f: StoredFile) -> FileObject:
     return FileObject(id=f.id, bytes=f.bytes, created_at=f.created_at, filename=f.filename, purpose=f.purpose)
 
 
-def get_file(files: FileStore, file_id: str, param: str = "file_id") -> StoredFile:
+def get_file(files: FileStore, file_id: str, caller: Principal, param: str = "file_id") -> StoredFile:
     f = files.get(file_id)
-    if f is None:
+    if f is None or not caller.sees(f.owner):  # another key's file: as if there were none
         raise APIError(404, f"No such File object: {file_id}", param, "file_not_found")
     return f
 
@@ -54,7 +55,8 @@ async def create_file(request: Request) -> dict[str, Any]:
     data = await upload.read(limit + 1)
     if len(data) > limit:
         raise APIError(413, f"file is larger than {limit} bytes", "file", "file_too_large")
-    stored = await asyncio.to_thread(c.files.create, upload.filename or "upload.jsonl", purpose, data)
+    owner = require(request, "train", "uploading a file").name
+    stored = await asyncio.to_thread(c.files.create, upload.filename or "upload.jsonl", purpose, data, owner)
     return file_object(stored).model_dump()
 
 
@@ -66,18 +68,21 @@ async def list_files(
     order: Literal["asc", "desc"] = "desc",
     after: str | None = None,
 ) -> dict[str, Any]:
-    files = [file_object(f) for f in _components(request).files.list(purpose)]
+    caller = principal_of(request)
+    files = [file_object(f) for f in _components(request).files.list(purpose) if caller.sees(f.owner)]
     return page(files[::-1] if order == "asc" else files, after, limit)
 
 
 @api.get("/v1/files/{file_id}")
 async def retrieve_file(request: Request, file_id: str) -> dict[str, Any]:
-    return file_object(get_file(_components(request).files, file_id)).model_dump()
+    return file_object(get_file(_components(request).files, file_id, principal_of(request))).model_dump()
 
 
 @api.get("/v1/files/{file_id}/content")
 async def file_content(request: Request, file_id: str) -> Response:
-    data = _components(request).files.content(file_id)
+    c = _components(request)
+    get_file(c.files, file_id, principal_of(request))
+    data = c.files.content(file_id)
     if data is None:
         raise APIError(404, f"No such File object: {file_id}", "file_id", "file_not_found")
     return Response(data, media_type="application/octet-stream")
@@ -86,6 +91,6 @@ async def file_content(request: Request, file_id: str) -> Response:
 @api.delete("/v1/files/{file_id}")
 async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
     c = _components(request)
-    get_file(c.files, file_id)
+    get_file(c.files, file_id, require(request, "train", "deleting a file"))
     c.files.delete(file_id)
     return FileDeleted(id=file_id).model_dump()

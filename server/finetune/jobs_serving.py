@@ -4,7 +4,6 @@ files are validated after the response (status `validating_files`), and a Job re
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any
@@ -12,10 +11,11 @@ from typing import TYPE_CHECKING, Any
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
+from skillpool.trainer.failures import describe
 from skillpool.trainer.jobs import Job, new_job_id
 from skillpool.trainer.records import TERMINAL, Example, JobStatus
 
-from ..errors import APIError
+from ..errors import APIError, parse_json
 from .protocol import (
     CheckpointMetrics,
     FineTuningJob,
@@ -96,14 +96,13 @@ def _settings(c: Components, metadata: dict[str, str], admin: bool) -> tuple[str
     if force and not admin:
         raise APIError(
             403,
-            "metadata.force (register past the quality gate) is for the admin",
+            "metadata.force (register past the quality gate) needs a key with role admin",
             "metadata.force",
             "permission_denied",
         )
-    try:
-        extra = json.loads(metadata.get("config") or "{}")
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"metadata.config is not valid JSON: {e.msg}", "metadata.config", "invalid_value") from None
+    extra = parse_json(
+        metadata.get("config") or "{}", "metadata.config", "metadata.config", "invalid_value", constants=True
+    )
     if not isinstance(extra, dict):
         raise APIError(
             400, "metadata.config must be a JSON object of hyperparameters", "metadata.config", "invalid_value"
@@ -111,7 +110,9 @@ def _settings(c: Components, metadata: dict[str, str], admin: bool) -> tuple[str
     return method, force, extra
 
 
-def create_job(c: Components, req: FineTuningJobCreate, admin: bool) -> tuple[Job, TrainConfig]:
+def create_job(
+    c: Components, req: FineTuningJobCreate, admin: bool, owner: str | None = None
+) -> tuple[Job, TrainConfig]:
     """Check the request, record the job as `validating_files`; `validate_and_queue` runs next."""
     if req.model not in (c.base.model_id, "base"):
         raise APIError(
@@ -154,6 +155,7 @@ def create_job(c: Components, req: FineTuningJobCreate, admin: bool) -> tuple[Jo
         config=cfg.to_dict(),
         status=JobStatus.VALIDATING,
         force=force,
+        owner=owner,
         fine_tuning={
             "model": c.base.model_id,
             "training_file": req.training_file,
@@ -166,7 +168,13 @@ def create_job(c: Components, req: FineTuningJobCreate, admin: bool) -> tuple[Jo
     )
     job.log(f"Created fine-tuning job: {job.id}")
     job.log(f"Validating training file: {req.training_file}")
-    c.jobs.add(job)
+    if c.jobs.reserve(job) is not None:  # the name carries the job's id: held only if that id came twice
+        raise APIError(409, f"skill {skill!r} is being created by another job", "suffix", "skill_exists")
+    try:
+        c.jobs.add(job)  # StorageError (disk full): a 507, nothing recorded
+    except BaseException:
+        c.jobs.release(job)
+        raise
     return job, cfg
 
 
@@ -186,7 +194,9 @@ def validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
         log.exception("validating fine-tuning job %s failed", job_id)
         job = c.jobs.get(job_id)
         if job is not None and job.status not in TERMINAL:
-            job.finish(JobStatus.FAILED, f"validation failed: {type(e).__name__}: {e}", "validation_error")
+            code, message = describe(e, "queueing the job")  # no internal paths in what the user reads
+            code = code if code == "insufficient_storage" else "validation_error"
+            job.finish(JobStatus.FAILED, f"validation failed: {message}", code)
             c.jobs.update(job)
 
 

@@ -57,7 +57,8 @@ def assert_error(resp, status: int, param: str | None, code: str | None = None) 
 def test_health_and_models(client: TestClient) -> None:
     assert client.get("/healthz").json()["status"] == "ok"
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"engine": True, "routing": True, "model": True}
+    checks = {"engine": True, "routing": True, "model": True, "trainer": True}
+    assert ready.status_code == 200 and ready.json()["checks"] == checks
     ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
     assert ids[:2] == ["tiny-llama", "auto"]
     assert client.get("/v1/models/auto").json()["parent"] == "tiny-llama"
@@ -393,6 +394,45 @@ def test_an_explicit_mix_is_forced_and_bad_mixes_are_rejected(client: TestClient
     assert_error(chat(client, "Hi", model="nope=1"), 404, "model", "model_not_found")
 
 
+@pytest.mark.parametrize(
+    "weights,temperature",
+    [("1e308,{s}=1e308", 0.7), ("1e308,{s}=1e308", 0), ("inf", 0), ("1e7", 0.5), ("-0", 0)],
+)
+def test_a_hostile_mix_is_a_400_and_the_engine_stays_up(client: TestClient, components, weights, temperature) -> None:  # type: ignore[no-untyped-def]
+    """The issue's request: two weights of 1e308 summed to inf, inf/inf to NaN, and sampling killed the engine."""
+    name = next(iter(components.pool.records())).name
+    resp = chat(client, "hello", model=f"{name}={weights.format(s=name)}", temperature=temperature, max_tokens=4)
+    assert_error(resp, 400, "model", "invalid_value")
+    assert client.get("/healthz").status_code == 200
+    assert chat(client, "hello", model=f"{name}=1e-320", temperature=temperature, max_tokens=4).status_code == 200
+
+
+def test_sampling_numbers_at_their_edges_never_reach_the_engine_unchecked(client: TestClient) -> None:
+    greedy = chat(client, "Hello there", model="base", max_tokens=6).json()["choices"][0]["message"]["content"]
+    tiny = chat(client, "Hello there", model="base", max_tokens=6, temperature=1e-300, seed=3)
+    assert tiny.status_code == 200 and tiny.json()["choices"][0]["message"]["content"] == greedy  # greedy, not NaN
+    assert chat(client, "Hello there", model="base", max_tokens=4, top_p=1e-300, temperature=2).status_code == 200
+    top_only = chat(client, "Hello there", model="base", max_tokens=6, temperature=1.5, top_p=0, seed=4)
+    assert top_only.json()["choices"][0]["message"]["content"] == greedy  # OpenAI's top_p 0: the top token only
+    for field, value in [("temperature", 2.0000001), ("top_p", -0.1), ("max_tokens", 10**30), ("seed", 2**63)]:
+        assert chat(client, "Hi", **{field: value}).status_code == 400, field
+    raw = '{"model": "base", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}'
+    assert_error(post_raw(client, raw), 400, None, "invalid_json")
+    assert client.get("/healthz").status_code == 200
+
+
+def post_raw(client: TestClient, raw: str):  # type: ignore[no-untyped-def]
+    return client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(
+    "raw", ["[" * 100_000 + "]" * 100_000, '{"model": "base", "seed": ' + "9" * 5000 + "}", '{"a": Infinity}']
+)
+def test_bodies_the_json_parser_chokes_on_are_a_400(client: TestClient, raw: str) -> None:
+    assert_error(post_raw(client, raw), 400, None, "invalid_json")
+    assert chat(client, "Hello there", model="base").status_code == 200  # the connection and server carry on
+
+
 def test_a_skill_retired_between_routing_and_the_engine_is_a_404(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
     rec = next(iter(components.pool.records()), None)
     assert rec is not None, "needs the skill trained by an earlier test"
@@ -499,5 +539,7 @@ def test_readiness_and_liveness_tell_a_dead_engine(tiny_base, embedder, tmp_path
             ready = http.get("/readyz")
             assert ready.status_code == 503 and ready.json()["failing"] == ["engine"]
             assert http.get("/healthz").status_code == 503
+            for stream in (False, True):  # no request waits on a dead loop: each fails at once, as vLLM's do
+                assert_error(chat(http, "Hello", model="base", stream=stream), 503, None, "engine_unavailable")
     finally:
         c.close()
