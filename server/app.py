@@ -1,61 +1,25 @@
-"""FastAPI app: the components and the routes, installed from health_api (/healthz, /metrics), chat_api,
+"""FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics), chat_api,
 tasks_api, models_api (models, retire, rollback), finetune (files, jobs) and admin_api."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from functools import cached_property
 
 from fastapi import FastAPI
-
-from skillpool.adapters_store.base_model import BaseModel
-from skillpool.adapters_store.store import SkillStore
-from skillpool.router import Router
-from skillpool.trainer.files import FileStore
-from skillpool.trainer.jobs import JobQueue
 
 from . import models_api
 from .admin_api import install_admin
 from .auth import KeyRing
 from .chat_api import install_chat
-from .config import ServerConfig
-from .engines import Engine
+from .components import Components
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
 from .health_api import install_health
 from .limits import BodyLimit
-from .metrics import Metrics
 from .middleware import AuthAndCount
-from .routing import RoutingStage
-from .skills import SkillPool
 from .tasks_api import install_tasks
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Components:
-    cfg: ServerConfig
-    base: BaseModel
-    store: SkillStore
-    engine: Engine
-    router: Router
-    pool: SkillPool
-    jobs: JobQueue
-    routing: RoutingStage
-    metrics: Metrics
-    started: float
-
-    @cached_property
-    def files(self) -> FileStore:
-        """Uploaded training files, in the data dir that servers and workers share."""
-        return FileStore(self.cfg.data_dir)
-
-    def close(self) -> None:
-        self.routing.close()
-        self.jobs.close()
-        self.engine.close()
 
 
 def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:

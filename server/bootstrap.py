@@ -16,7 +16,7 @@ from skillpool.trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
 from skillpool.trainer.redis_jobs import RedisJobQueue
 from skillpool.trainer.worker import SkillTrainer
 
-from .app import Components
+from .components import Components
 from .config import ServerConfig
 from .engines import Engine
 from .judge import EngineJudge

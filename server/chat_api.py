@@ -35,7 +35,7 @@ from .openai_api import (
 from .routing import Target
 
 if TYPE_CHECKING:
-    from .app import Components
+    from .components import Components
 
 log = logging.getLogger(__name__)
 

@@ -18,21 +18,17 @@ from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.adapters_store.store import SkillRecord
 
 from .auth import require
+from .components import components
 from .errors import APIError
 
 if TYPE_CHECKING:
-    from .app import Components
+    from .components import Components
 
 api = APIRouter(prefix="/v1/models")
 
 
 class Rollback(BaseModel):
     version: StrictInt | None = None  # None: the newest stored version; strict: `true` is not version 1
-
-
-def _components(request: Request) -> Components:
-    c: Components = request.app.state.components
-    return c
 
 
 def _not_found(model_id: str) -> APIError:
@@ -97,12 +93,12 @@ def _versions(c: Components, name: str) -> dict[str, Any]:
 
 @api.get("")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": model_objects(_components(request))}
+    return {"object": "list", "data": model_objects(components(request))}
 
 
 @api.get("/{model_id}")
 async def retrieve_model(request: Request, model_id: str) -> dict[str, Any]:
-    c = _components(request)
+    c = components(request)
     name = c.pool.resolve(model_id)
     if name is not None and (rec := c.pool.get(name)) is not None:
         return {**_skill_object(c, rec), **_versions(c, name)}
@@ -115,7 +111,7 @@ async def retrieve_model(request: Request, model_id: str) -> dict[str, Any]:
 @api.delete("/{model_id}")
 async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
     """Retire a skill: no longer routed, forced or listed; its versions stay in the store for a rollback."""
-    c = _components(request)
+    c = components(request)
     if model_id in (c.base.model_id, "auto", "base"):
         raise APIError(400, f"'{model_id}' is not a skill and cannot be deleted", "model", "invalid_value")
     name = c.pool.resolve(model_id)
@@ -131,7 +127,7 @@ async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
 @api.post("/{model_id}/rollback")
 async def rollback_model(request: Request, model_id: str, body: Rollback | None = None) -> dict[str, Any]:
     """Serve a stored version of a skill again (retired or not): `version`, or the newest with none."""
-    c = _components(request)
+    c = components(request)
     name = stored_skill(model_id)
     if name is None or not c.store.versions(name):
         raise _not_found(model_id)

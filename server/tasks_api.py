@@ -20,7 +20,7 @@ from .auth import Principal, principal_of, require
 from .errors import APIError, parse_json
 
 if TYPE_CHECKING:
-    from .app import Components
+    from .components import Components
 
 
 def install_tasks(app: FastAPI, c: Components) -> None:

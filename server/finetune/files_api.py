@@ -13,18 +13,14 @@ from starlette.datastructures import UploadFile
 from skillpool.trainer.files import PURPOSES, FileStore, StoredFile
 
 from ..auth import Principal, principal_of, require
+from ..components import components
 from ..errors import APIError
 from .protocol import FileDeleted, FileObject, page
 
 if TYPE_CHECKING:
-    from ..app import Components
+    pass
 
 api = APIRouter()
-
-
-def _components(request: Request) -> Components:
-    c: Components = request.app.state.components
-    return c
 
 
 def file_object(f: StoredFile) -> FileObject:
@@ -40,7 +36,7 @@ def get_file(files: FileStore, file_id: str, caller: Principal, param: str = "fi
 
 @api.post("/v1/files")
 async def create_file(request: Request) -> dict[str, Any]:
-    c = _components(request)
+    c = components(request)
     limit = c.cfg.max_upload_bytes
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise APIError(
@@ -69,18 +65,18 @@ async def list_files(
     after: str | None = None,
 ) -> dict[str, Any]:
     caller = principal_of(request)
-    files = [file_object(f) for f in _components(request).files.list(purpose) if caller.sees(f.owner)]
+    files = [file_object(f) for f in components(request).files.list(purpose) if caller.sees(f.owner)]
     return page(files[::-1] if order == "asc" else files, after, limit)
 
 
 @api.get("/v1/files/{file_id}")
 async def retrieve_file(request: Request, file_id: str) -> dict[str, Any]:
-    return file_object(get_file(_components(request).files, file_id, principal_of(request))).model_dump()
+    return file_object(get_file(components(request).files, file_id, principal_of(request))).model_dump()
 
 
 @api.get("/v1/files/{file_id}/content")
 async def file_content(request: Request, file_id: str) -> Response:
-    c = _components(request)
+    c = components(request)
     get_file(c.files, file_id, principal_of(request))
     data = c.files.content(file_id)
     if data is None:
@@ -90,7 +86,7 @@ async def file_content(request: Request, file_id: str) -> Response:
 
 @api.delete("/v1/files/{file_id}")
 async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
-    c = _components(request)
+    c = components(request)
     get_file(c.files, file_id, require(request, "train", "deleting a file"))
     c.files.delete(file_id)
     return FileDeleted(id=file_id).model_dump()

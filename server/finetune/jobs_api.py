@@ -10,21 +10,17 @@ from skillpool.trainer.jobs import Job
 from skillpool.trainer.records import TERMINAL
 
 from ..auth import Principal, principal_of, require
+from ..components import components
 from ..errors import APIError
 from .jobs_serving import checkpoints, create_job, events, to_openai, validate_and_queue
 from .protocol import FineTuningJobCreate, page
 
 if TYPE_CHECKING:
-    from ..app import Components
+    from ..components import Components
 
 api = APIRouter(prefix="/v1/fine_tuning/jobs")
 # The handlers are plain functions: FastAPI runs them in its threadpool, so a slow job queue (Redis) never
 # stalls the event loop that streams chat.
-
-
-def _components(request: Request) -> Components:
-    c: Components = request.app.state.components
-    return c
 
 
 def _job(c: Components, job_id: str, caller: Principal) -> Job:
@@ -36,7 +32,7 @@ def _job(c: Components, job_id: str, caller: Principal) -> Job:
 
 @api.post("")
 def create(request: Request, body: FineTuningJobCreate, background: BackgroundTasks) -> dict[str, Any]:
-    c = _components(request)
+    c = components(request)
     caller = require(request, "train", "creating a fine-tuning job")
     for param, file_id in (("training_file", body.training_file), ("validation_file", body.validation_file)):
         f = c.files.get(file_id) if file_id is not None else None
@@ -49,7 +45,7 @@ def create(request: Request, body: FineTuningJobCreate, background: BackgroundTa
 
 @api.get("")
 def list_jobs(request: Request, after: str | None = None, limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
-    c = _components(request)
+    c = components(request)
     # the openai client sends metadata={"k": "v"} as metadata[k]=v; a job must carry every pair
     wanted = {k[len("metadata[") : -1]: v for k, v in request.query_params.items() if k.startswith("metadata[")}
     caller = principal_of(request)
@@ -60,13 +56,13 @@ def list_jobs(request: Request, after: str | None = None, limit: int = Query(20,
 
 @api.get("/{job_id}")
 def retrieve(request: Request, job_id: str) -> dict[str, Any]:
-    c = _components(request)
+    c = components(request)
     return to_openai(_job(c, job_id, principal_of(request)), c.base.model_id).model_dump()
 
 
 @api.post("/{job_id}/cancel")
 def cancel(request: Request, job_id: str) -> dict[str, Any]:
-    c = _components(request)
+    c = components(request)
     job = _job(c, job_id, require(request, "train", "cancelling a fine-tuning job"))
     if job.status in TERMINAL:
         raise APIError(409, f"Job {job_id} has already {job.status}", "fine_tuning_job_id", "job_finished")
@@ -77,11 +73,11 @@ def cancel(request: Request, job_id: str) -> dict[str, Any]:
 def list_events(
     request: Request, job_id: str, after: str | None = None, limit: int = Query(20, ge=1, le=1000)
 ) -> dict[str, Any]:
-    return page(events(_job(_components(request), job_id, principal_of(request))), after, limit)
+    return page(events(_job(components(request), job_id, principal_of(request))), after, limit)
 
 
 @api.get("/{job_id}/checkpoints")
 def list_checkpoints(
     request: Request, job_id: str, after: str | None = None, limit: int = Query(10, ge=1, le=100)
 ) -> dict[str, Any]:
-    return page(checkpoints(_job(_components(request), job_id, principal_of(request))), after, limit)
+    return page(checkpoints(_job(components(request), job_id, principal_of(request))), after, limit)

@@ -28,7 +28,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from ..app import Components
+    from ..components import Components
 
 log = logging.getLogger(__name__)
 

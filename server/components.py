@@ -1,0 +1,53 @@
+"""The serving process's parts, built once by bootstrap and shared by every HTTP resource.
+
+A module of its own so that resources import it without importing the app that imports them (no circle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from fastapi import Request
+
+from skillpool.adapters_store.base_model import BaseModel
+from skillpool.adapters_store.store import SkillStore
+from skillpool.router import Router
+from skillpool.trainer.files import FileStore
+from skillpool.trainer.jobs import JobQueue
+
+from .config import ServerConfig
+from .engines import Engine
+from .metrics import Metrics
+from .routing import RoutingStage
+from .skills import SkillPool
+
+
+@dataclass
+class Components:
+    cfg: ServerConfig
+    base: BaseModel
+    store: SkillStore
+    engine: Engine
+    router: Router
+    pool: SkillPool
+    jobs: JobQueue
+    routing: RoutingStage
+    metrics: Metrics
+    started: float
+
+    @cached_property
+    def files(self) -> FileStore:
+        """Uploaded training files, in the data dir that servers and workers share."""
+        return FileStore(self.cfg.data_dir)
+
+    def close(self) -> None:
+        self.routing.close()
+        self.jobs.close()
+        self.engine.close()
+
+
+def components(request: Request) -> Components:
+    """The app's components, for a handler that is given only its request (an APIRouter's)."""
+    c: Components = request.app.state.components
+    return c
