@@ -11,13 +11,14 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
-from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
+from skillpool.trainer.config import DEFAULT_METHOD, TrainConfig
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
-from skillpool.trainer.jobs import Job, new_job_id
-from skillpool.trainer.records import TERMINAL, Example, JobStatus
+from skillpool.trainer.jobs import Job
+from skillpool.trainer.records import TERMINAL, Example
 
 from .auth import Principal, principal_of, require
 from .errors import APIError, parse_json
+from .intake import TASKS, JobRequest, check_force, check_method, check_room, hold_name, train_config
 
 if TYPE_CHECKING:
     from .components import Components
@@ -47,12 +48,9 @@ def install_tasks(app: FastAPI, c: Components) -> None:
             raise APIError(400, str(e), "name", "invalid_name") from None
         if name == c.base.model_id:
             raise APIError(400, f"skill name {name!r} is the base model's id", "name", "invalid_name")
-        method = form.get("method") or DEFAULT_METHOD
-        if not isinstance(method, str) or (problem := method_error(method, c.router.settings.mode)):
-            raise APIError(400, problem or "method must be a string", "method", "invalid_method")
+        method = check_method(c, form.get("method") or DEFAULT_METHOD, TASKS)
         force = _flag(form.get("force"), "force")
-        if force:  # as metadata.force on /v1/fine_tuning/jobs
-            require(request, "admin", "force (register past the quality gate)", "force")
+        check_force(principal_of(request), force, TASKS)
         new_version = _flag(form.get("new_version"), "new_version")
         # a name that exists gets a new version only when asked: never overwrite someone's skill by accident
         existing = await asyncio.to_thread(c.store.versions, name)
@@ -74,12 +72,7 @@ def install_tasks(app: FastAPI, c: Components) -> None:
             if isinstance(raw_cfg, str) and raw_cfg.strip()
             else {}
         )
-        if not isinstance(cfg_obj, dict):
-            raise APIError(400, "config must be a JSON object of hyperparameters", "config", "invalid_config")
-        try:
-            cfg = TrainConfig.from_dict(cfg_obj)
-        except ConfigError as e:
-            raise APIError(400, str(e), e.param, "invalid_config") from None
+        cfg = train_config(cfg_obj, TASKS)
         data = await upload.read(c.cfg.max_upload_bytes + 1)
         if len(data) > c.cfg.max_upload_bytes:
             raise APIError(413, f"upload is larger than {c.cfg.max_upload_bytes} bytes", "file", "file_too_large")
@@ -94,18 +87,8 @@ def install_tasks(app: FastAPI, c: Components) -> None:
                 errors=[{"line": x.line, "field": x.field, "message": x.message} for x in e.errors],
             ) from None
         # the queue calls go to a thread: a slow Redis must not stall the event loop (and every chat stream)
-        if (pending := await asyncio.to_thread(c.jobs.depth)) >= c.cfg.max_pending_jobs:
-            raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
-        job = Job(
-            id=new_job_id(),
-            skill=name,
-            method=method,
-            config=cfg.to_dict(),
-            status=JobStatus.VALIDATING,
-            examples=len(examples),
-            force=force,
-            owner=caller.name,
-        )
+        await asyncio.to_thread(check_room, c)
+        job = JobRequest(name, method, force, cfg, caller.name, new_version, examples=len(examples)).job()
         job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
         if existing:
             job.log(f"Skill {name} exists: this job trains version {existing[-1].version + 1} or later")
@@ -156,29 +139,15 @@ def _exists(name: str, version: int) -> APIError:
 
 
 def _reserve_and_submit(c: Components, job: Job, examples: list[Example], cfg: TrainConfig, new_version: bool) -> None:
-    """Queue `job` holding its skill's name (trainer.reservations). Of two uploads of one new name, one gets the
-    job and the other a 409 skill_exists; a new version while another job for that skill is queued or running is a
-    409 skill_busy (send it again once that job ended). A job that cannot be written (a 507) frees the name."""
-    if c.jobs.reserve(job) is not None:
-        if new_version:
-            raise APIError(
-                409,
-                f"skill {job.skill!r} is being trained by another job (queued or running): send the new version "
-                "again once that job has ended",
-                "name",
-                "skill_busy",
-            )
-        raise APIError(
-            409, f"skill {job.skill!r} is being created by another job: choose another name", "name", "skill_exists"
-        )
-    try:
+    """Queue `job` holding its skill's name (intake.hold_name)."""
+
+    def submit() -> None:
         existing = c.store.versions(job.skill)  # the job that held the name until a moment ago may have stored it
         if existing and not new_version:
             raise _exists(job.skill, existing[-1].version)
         c.jobs.submit(job, examples, cfg)
-    except BaseException:
-        c.jobs.release(job)
-        raise
+
+    hold_name(c, job, TASKS, new_version, submit)
 
 
 def _flag(raw: object, field: str) -> bool:

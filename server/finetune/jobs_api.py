@@ -38,7 +38,7 @@ def create(request: Request, body: FineTuningJobCreate, background: BackgroundTa
         f = c.files.get(file_id) if file_id is not None else None
         if f is not None and not caller.sees(f.owner):  # another key's file: as create_job says of a missing one
             raise APIError(400, f"invalid {param}: no such File object: {file_id}", param, "invalid_file")
-    job, cfg = create_job(c, body, caller.can("admin"), caller.name)
+    job, cfg = create_job(c, body, caller)
     background.add_task(validate_and_queue, c, job.id, cfg)  # a sync task: Starlette runs it in a thread
     return to_openai(job, c.base.model_id).model_dump()
 

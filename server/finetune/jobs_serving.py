@@ -9,13 +9,24 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
-from skillpool.trainer.config import DEFAULT_METHOD, ConfigError, TrainConfig, method_error
+from skillpool.trainer.config import DEFAULT_METHOD, TrainConfig
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
 from skillpool.trainer.failures import describe
 from skillpool.trainer.jobs import Job, new_job_id
 from skillpool.trainer.records import TERMINAL, Example, JobStatus
 
+from ..auth import Principal
 from ..errors import APIError, parse_json
+from ..intake import (
+    FINE_TUNING,
+    JobRequest,
+    check_force,
+    check_method,
+    check_room,
+    config_values,
+    hold_name,
+    train_config,
+)
 from .protocol import (
     CheckpointMetrics,
     FineTuningJob,
@@ -53,7 +64,7 @@ def _hyperparameters(req: FineTuningJobCreate) -> tuple[Hyperparameters, str]:
     return req.hyperparameters or Hyperparameters(), "hyperparameters"
 
 
-def train_config(req: FineTuningJobCreate, extra: dict[str, Any]) -> TrainConfig:
+def openai_config(req: FineTuningJobCreate, extra: dict[str, Any]) -> TrainConfig:
     """TrainConfig from OpenAI's hyperparameters ("auto" or absent: our default) over metadata's config."""
     hp, where = _hyperparameters(req)
     values = dict(extra)
@@ -70,49 +81,33 @@ def train_config(req: FineTuningJobCreate, extra: dict[str, Any]) -> TrainConfig
         values["learning_rate"] = float(values.get("learning_rate", TrainConfig.learning_rate)) * mult
     if req.seed is not None:
         values["seed"] = req.seed
-    try:
-        return TrainConfig.from_dict(values)
-    except ConfigError as e:  # name the request field the value came from
-        key = e.param.removeprefix("config.")
-        ours = {v: k for k, v in _HYPER.items()} | {"learning_rate": "learning_rate_multiplier"}
+    ours = {v: k for k, v in _HYPER.items()} | {"learning_rate": "learning_rate_multiplier"}
+
+    def param(key: str) -> str:  # the request field the value came from
         if key in ours and getattr(hp, ours[key]) not in (None, "auto"):
-            param = f"{where}.{ours[key]}"
-        else:
-            param = "seed" if key == "seed" and req.seed is not None else f"metadata.config.{key}"
-        raise APIError(400, str(e), param, "invalid_value") from None
+            return f"{where}.{ours[key]}"
+        return "seed" if key == "seed" and req.seed is not None else f"{FINE_TUNING.config}.{key}"
+
+    return train_config(values, FINE_TUNING, param)
 
 
-def _settings(c: Components, metadata: dict[str, str], admin: bool) -> tuple[str, bool, dict[str, Any]]:
+def _settings(c: Components, metadata: dict[str, str], caller: Principal) -> tuple[str, bool, dict[str, Any]]:
     """(method, force, config overrides) from metadata."""
-    method = metadata.get("method", DEFAULT_METHOD)
-    if problem := method_error(method, c.router.settings.mode):
-        raise APIError(400, problem, "metadata.method", "invalid_value")
+    method = check_method(c, metadata.get("method", DEFAULT_METHOD), FINE_TUNING)
     force_raw = metadata.get("force", "false").lower()
     if force_raw not in ("true", "false", "1", "0"):
         raise APIError(
             400, f"metadata.force must be true or false, got {force_raw!r}", "metadata.force", "invalid_value"
         )
     force = force_raw in ("true", "1")
-    if force and not admin:
-        raise APIError(
-            403,
-            "metadata.force (register past the quality gate) needs a key with role admin",
-            "metadata.force",
-            "permission_denied",
-        )
+    check_force(caller, force, FINE_TUNING)
     extra = parse_json(
         metadata.get("config") or "{}", "metadata.config", "metadata.config", "invalid_value", constants=True
     )
-    if not isinstance(extra, dict):
-        raise APIError(
-            400, "metadata.config must be a JSON object of hyperparameters", "metadata.config", "invalid_value"
-        )
-    return method, force, extra
+    return method, force, config_values(extra, FINE_TUNING)
 
 
-def create_job(
-    c: Components, req: FineTuningJobCreate, admin: bool, owner: str | None = None
-) -> tuple[Job, TrainConfig]:
+def create_job(c: Components, req: FineTuningJobCreate, caller: Principal) -> tuple[Job, TrainConfig]:
     """Check the request, record the job as `validating_files`; `validate_and_queue` runs next."""
     if req.model not in (c.base.model_id, "base"):
         raise APIError(
@@ -137,10 +132,9 @@ def create_job(
             "invalid_value",
         )
     metadata = dict(req.metadata or {})
-    method, force, extra = _settings(c, metadata, admin)
-    cfg = train_config(req, extra)
-    if (pending := c.jobs.depth()) >= c.cfg.max_pending_jobs:
-        raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
+    method, force, extra = _settings(c, metadata, caller)
+    cfg = openai_config(req, extra)
+    check_room(c)
     job_id = new_job_id()
     short = job_id[-8:]
     skill = f"{req.suffix or 'ft'}-{short}"
@@ -148,33 +142,20 @@ def create_job(
         validate_skill_name(skill)
     except InvalidSkillName as e:  # the suffix pattern keeps this from happening; say so if it ever does
         raise APIError(400, str(e), "suffix", "invalid_value") from None
-    job = Job(
-        id=job_id,
-        skill=skill,
-        method=method,
-        config=cfg.to_dict(),
-        status=JobStatus.VALIDATING,
-        force=force,
-        owner=owner,
-        fine_tuning={
-            "model": c.base.model_id,
-            "training_file": req.training_file,
-            "validation_file": req.validation_file,
-            "suffix": req.suffix,
-            "metadata": {k: v for k, v in metadata.items()},
-            "method": {"type": "supervised"},
-            "fine_tuned_model": f"ft:{c.base.model_id}:{req.suffix or ''}:{short}",
-        },
-    )
+    fine_tuning = {
+        "model": c.base.model_id,
+        "training_file": req.training_file,
+        "validation_file": req.validation_file,
+        "suffix": req.suffix,
+        "metadata": {k: v for k, v in metadata.items()},
+        "method": {"type": "supervised"},
+        "fine_tuned_model": f"ft:{c.base.model_id}:{req.suffix or ''}:{short}",
+    }
+    job = JobRequest(skill, method, force, cfg, caller.name, fine_tuning=fine_tuning, id=job_id).job()
     job.log(f"Created fine-tuning job: {job.id}")
     job.log(f"Validating training file: {req.training_file}")
-    if c.jobs.reserve(job) is not None:  # the name carries the job's id: held only if that id came twice
-        raise APIError(409, f"skill {skill!r} is being created by another job", "suffix", "skill_exists")
-    try:
-        c.jobs.add(job)  # StorageError (disk full): a 507, nothing recorded
-    except BaseException:
-        c.jobs.release(job)
-        raise
+    # the name carries the job's id: held only if that id came twice; a disk that cannot take it is a 507
+    hold_name(c, job, FINE_TUNING, False, lambda: c.jobs.add(job))
     return job, cfg
 
 

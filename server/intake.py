@@ -1,0 +1,119 @@
+"""One intake for training jobs: `/tasks` and the fine-tuning API each map their wire fields onto a
+`JobRequest`, and the checks, the job record and the skill name's reservation are made here, once. Errors name
+the caller's own fields (`Fields`): `method` on /tasks is `metadata.method` on /v1/fine_tuning/jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from skillpool.trainer.config import ConfigError, TrainConfig, method_error
+from skillpool.trainer.jobs import Job, new_job_id
+from skillpool.trainer.records import JobStatus
+
+from .auth import Principal, denial
+from .errors import APIError
+
+if TYPE_CHECKING:
+    from .components import Components
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The request fields an endpoint's errors point at."""
+
+    method: str
+    force: str
+    name: str
+    config: str  # a hyperparameter's param is this, a dot and its name
+    method_code: str = "invalid_value"  # the error codes of a bad method and a bad config
+    config_code: str = "invalid_value"
+
+
+TASKS = Fields("method", "force", "name", "config", "invalid_method", "invalid_config")
+FINE_TUNING = Fields("metadata.method", "metadata.force", "suffix", "metadata.config")
+
+
+@dataclass
+class JobRequest:
+    """What either endpoint asks for, checked: a job for `skill` trained by `method` with `config`."""
+
+    skill: str
+    method: str
+    force: bool
+    config: TrainConfig
+    owner: str | None
+    new_version: bool = False
+    examples: int = 0
+    fine_tuning: dict[str, Any] | None = None
+    id: str = field(default_factory=new_job_id)
+
+    def job(self) -> Job:
+        return Job(
+            id=self.id,
+            skill=self.skill,
+            method=self.method,
+            config=self.config.to_dict(),
+            status=JobStatus.VALIDATING,
+            examples=self.examples,
+            force=self.force,
+            owner=self.owner,
+            fine_tuning=self.fine_tuning,
+        )
+
+
+def check_method(c: Components, method: object, f: Fields) -> str:
+    if not isinstance(method, str) or (problem := method_error(method, c.router.settings.mode)):
+        raise APIError(400, problem or "method must be a string", f.method, f.method_code)
+    return method
+
+
+def check_force(caller: Principal, force: bool, f: Fields) -> None:
+    if force and (why := denial(caller, "admin")) is not None:
+        status, _, code = why
+        raise APIError(status, f"{f.force} (register past the quality gate) needs a key with role admin", f.force, code)
+
+
+def config_values(values: object, f: Fields) -> dict[str, Any]:
+    if not isinstance(values, dict):
+        raise APIError(400, f"{f.config} must be a JSON object of hyperparameters", f.config, f.config_code)
+    return values
+
+
+def train_config(values: object, f: Fields, param: Callable[[str], str] | None = None) -> TrainConfig:
+    """TrainConfig from the request's values; a bad one names `param(name)`, by default f.config + its name."""
+    try:
+        return TrainConfig.from_dict(config_values(values, f))
+    except ConfigError as e:
+        name = e.param.removeprefix("config.")
+        raise APIError(400, str(e), param(name) if param else f"{f.config}.{name}", f.config_code) from None
+
+
+def check_room(c: Components) -> None:
+    """The pending-jobs limit (the queue call may go to Redis: callers run it off the event loop)."""
+    if (pending := c.jobs.depth()) >= c.cfg.max_pending_jobs:
+        raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
+
+
+def hold_name(c: Components, job: Job, f: Fields, new_version: bool, record: Callable[[], None]) -> None:
+    """Run `record` (queue or store the job) holding the job's skill name (trainer.reservations). Of two jobs
+    for one new name, one gets it and the other a 409 skill_exists; a new version while another job for that
+    skill is queued or running is a 409 skill_busy. A job that cannot be recorded (a 507) frees the name."""
+    if c.jobs.reserve(job) is not None:
+        if new_version:
+            raise APIError(
+                409,
+                f"skill {job.skill!r} is being trained by another job (queued or running): send the new version "
+                "again once that job has ended",
+                f.name,
+                "skill_busy",
+            )
+        raise APIError(
+            409, f"skill {job.skill!r} is being created by another job: choose another name", f.name, "skill_exists"
+        )
+    try:
+        record()
+    except BaseException:
+        c.jobs.release(job)
+        raise
