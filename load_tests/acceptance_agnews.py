@@ -22,7 +22,7 @@ from openai import OpenAI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from load_tests.common import ask, rows, upload, user_text, wait_job  # noqa: E402
-from skillpool.server.process import ServerProcess  # noqa: E402
+from skillpool.evaluation.process import ServerProcess  # noqa: E402
 from skillpool.trainer.scoring import first_word_match  # noqa: E402
 
 BASE = "SmolLM2-135M-Instruct"

@@ -31,7 +31,7 @@ MIB = 1024
 
 
 def run(vary: str, on: bool, tasks: list[str], n: int, epochs: int, checkpointing: str) -> list[dict[str, Any]]:
-    from skillpool.server.process import ServerProcess
+    from skillpool.evaluation.process import ServerProcess
 
     trim = on or vary != "trim"
     os.environ["SKILLPOOL_HEAP_TRIM"] = "1" if trim else "0"  # the child server inherits it

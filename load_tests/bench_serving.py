@@ -177,7 +177,7 @@ def main() -> int:
     import httpx
     from openai import OpenAI
 
-    from skillpool.server.process import ServerProcess
+    from skillpool.evaluation.process import ServerProcess
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="hf", help="one engine or several, each measured in turn: hf,vllm")

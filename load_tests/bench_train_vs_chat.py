@@ -33,7 +33,7 @@ def measure(load: Load, prompts: list[str], clients: int) -> list[dict[str, floa
 def main() -> int:
     from openai import OpenAI
 
-    from skillpool.server.process import ServerProcess
+    from skillpool.evaluation.process import ServerProcess
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=24)

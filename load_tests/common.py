@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from skillpool.server.evaluation.tasks import task_text
+from skillpool.evaluation.tasks import task_text
 
 DATASETS = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
 

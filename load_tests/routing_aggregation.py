@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from skillpool.evaluation.tasks import load_task  # noqa: E402
 from skillpool.router import Router, RouterSettings  # noqa: E402
 from skillpool.router.dtkr import split_groups  # noqa: E402
 from skillpool.router.embedder import CachedEmbedder, Embedder, SentenceEmbedder  # noqa: E402
-from skillpool.server.evaluation.tasks import load_task  # noqa: E402
 
 AGGREGATIONS = {
     "mean": lambda c: c.mean(-1),

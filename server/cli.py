@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _worker_parser(sub)
-    from .follow import add_arguments as upload_arguments
+    from skillpool.evaluation.upload import add_arguments as upload_arguments
 
     upload_arguments(
         sub.add_parser("upload", help="upload a task file to a running server and follow the training job")
@@ -345,30 +345,30 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="benchmarks that are part of the product").add_subparsers(
         dest="what", required=True
     )
-    from .evaluation.routing import add_arguments as routing_arguments
+    from skillpool.evaluation.routing import add_arguments as routing_arguments
 
     routing_arguments(
         ev.add_parser("routing", help="learn tasks one by one into a fresh router and measure routing after each")
     )
-    from .evaluation.continual import add_arguments as continual_arguments
+    from skillpool.evaluation.continual import add_arguments as continual_arguments
 
     continual_help = "learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines"
     continual_arguments(ev.add_parser("continual", help=continual_help))
     args = parser.parse_args(argv)
     if args.command == "eval" and args.what == "routing":
-        from .evaluation.routing import run as run_routing
+        from skillpool.evaluation.routing import run as run_routing
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         run_routing(args)
         return 0
     if args.command == "eval" and args.what == "continual":
-        from .evaluation.continual import run as run_continual
+        from skillpool.evaluation.continual import run as run_continual
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         run_continual(args)
         return 0
     if args.command == "upload":
-        from .follow import run as run_upload
+        from skillpool.evaluation.upload import run as run_upload
 
         return run_upload(args)
     if args.command == "serve":

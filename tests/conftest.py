@@ -136,7 +136,7 @@ def start_redis(folder: Path, port: int | None = None) -> tuple[Any, str]:
 
     import redis
 
-    from skillpool.server.process import free_port
+    from skillpool.evaluation.process import free_port
 
     exe = shutil.which("redis-server")
     if exe is None:

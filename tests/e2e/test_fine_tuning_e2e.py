@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from load_tests.common import rows, user_text
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 from tests.conftest import dataset_dir, strict, wait_fine_tuning
 
 pytestmark = pytest.mark.slow

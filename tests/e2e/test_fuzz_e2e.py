@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from openai import OpenAI
 from schemathesis.checks import not_a_server_error
 
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 from tests.conftest import sst2_lines, until
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

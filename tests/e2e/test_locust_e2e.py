@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 from tests.conftest import DATASETS, dataset_dir
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 from tests.conftest import REPO
 
 

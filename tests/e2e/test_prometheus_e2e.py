@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from skillpool.server.process import ServerProcess, free_port
+from skillpool.evaluation.process import ServerProcess, free_port
 from tests.conftest import sst2_lines, until
 
 pytestmark = pytest.mark.slow

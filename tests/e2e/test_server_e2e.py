@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from load_tests.common import ask, rows, upload, user_text, wait_job
+from skillpool.evaluation.process import ServerProcess
 from skillpool.router import MODES
-from skillpool.server.process import ServerProcess
 from skillpool.trainer.scoring import first_word_match
 from tests.conftest import dataset_dir
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 from tests.conftest import start_redis
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 
 pytestmark = pytest.mark.slow
 LIMIT_MB = 8

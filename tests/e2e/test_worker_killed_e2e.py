@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from skillpool.server.process import ServerProcess
+from skillpool.evaluation.process import ServerProcess
 from tests.conftest import sst2_lines, start_redis, until
 
 pytestmark = pytest.mark.slow

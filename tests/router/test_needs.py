@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from skillpool.evaluation.tasks import task_text
 from skillpool.router import Router, RouterSettings
 from skillpool.router.formats import gram_ids
 from skillpool.router.needs import (
@@ -23,7 +24,6 @@ from skillpool.router.needs import (
     option_ids,
     request_grams,
 )
-from skillpool.server.evaluation.tasks import task_text
 from tests.conftest import REPO, dataset_dir, read_task
 
 PARAPHRASES = json.loads((REPO / "load_tests" / "paraphrases" / "long_sequence.json").read_text(encoding="utf-8"))

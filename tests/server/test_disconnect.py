@@ -10,10 +10,10 @@ import httpx
 import pytest
 import uvicorn
 
+from skillpool.evaluation.process import free_port
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from skillpool.server.process import free_port
 from tests.conftest import make_tiny_base
 
 

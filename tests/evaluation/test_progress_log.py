@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
-from skillpool.server.evaluation.progress_log import ProgressLog, log_path, read_log
+from skillpool.evaluation.progress_log import ProgressLog, log_path, read_log
 
 
 def test_each_step_is_one_line_with_means_rows_and_extras(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skillpool.server.evaluation.continual_metrics import (
+from skillpool.evaluation.continual_metrics import (
     ap_curve,
     ap_interval,
     auto_vs_forced,

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from skillpool.server.follow import FollowError, follow
-from skillpool.server.follow import run as run_upload
-from skillpool.server.process import ServerProcess, free_port
+from skillpool.evaluation.process import ServerProcess, free_port
+from skillpool.evaluation.upload import FollowError, follow
+from skillpool.evaluation.upload import run as run_upload
 
 JOB = "job-1"
 Reply = tuple[float, int, dict[str, Any]]  # (seconds to stall first, status, JSON body)

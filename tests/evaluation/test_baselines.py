@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from skillpool.server.evaluation.baselines import Baselines, BaselineSides
+from skillpool.evaluation.baselines import Baselines, BaselineSides
 from skillpool.trainer.config import TrainConfig
 
 

@@ -188,7 +188,7 @@ def _train(
     """Upload the task's rows to POST /tasks and follow the job to its end: the job's last record."""
     import httpx
 
-    from ..follow import follow
+    from .upload import follow
 
     data = {
         "name": task.name,
@@ -223,7 +223,7 @@ def run_server_sequence(
 ) -> dict[str, Any]:
     from openai import OpenAI
 
-    from ..process import ServerProcess
+    from .process import ServerProcess
 
     mode = args.router_mode or ("sapt" if args.method == "sapt" else "dtkr")
     extra = server_argv(args, mode)

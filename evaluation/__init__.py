@@ -1,0 +1,11 @@
+"""The client side of skillpool: `skillpool eval`, `skillpool upload`, and a server run as a child process.
+
+routing     learn tasks one by one into a fresh router and measure routing after each (no LLM)
+continual   learn a task sequence through a real server; score matrix, AP, F.Ra, FWT, BWT, baselines
+tasks       the one reader of task folders (train.jsonl, test.jsonl) both use
+upload      `skillpool upload`: send a task file to a running server and follow its job (continual follows too)
+process     start `skillpool serve` as a child process (drivers, benchmarks, end-to-end tests)
+
+It sits on top of the server: it drives the product over HTTP as a user would. Answer scoring (exact match,
+ROUGE-L, greedy generation) stays in trainer.scoring: the trainer's quality gate uses it too.
+"""
