@@ -16,6 +16,7 @@ from pydantic import BaseModel, StrictInt
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.adapters_store.store import SkillRecord
+from skillpool.trainer.events import SkillActivated, SkillRetired
 
 from .auth import require
 from .components import components
@@ -120,7 +121,7 @@ async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
     require(request, "admin", "deleting a model")
     c.store.retire(name)
     c.pool.unregister(name)
-    await asyncio.to_thread(c.jobs.publish, {"type": "skill_retired", "name": name})
+    await asyncio.to_thread(c.jobs.publish, SkillRetired(name))
     return {"id": model_id, "object": "model", "deleted": True}
 
 
@@ -138,5 +139,5 @@ async def rollback_model(request: Request, model_id: str, body: Rollback | None 
     except KeyError:
         raise APIError(404, f"'{model_id}' has no version {version}", "version", "version_not_found") from None
     c.pool.register(rec)
-    await asyncio.to_thread(c.jobs.publish, {"type": "skill_activated", "name": name, "version": rec.version})
+    await asyncio.to_thread(c.jobs.publish, SkillActivated(name, rec.version))
     return {**_skill_object(c, rec), **_versions(c, name)}

@@ -13,6 +13,7 @@ import threading
 from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.store import SkillRecord, SkillStore
 from skillpool.router import Features, Router
+from skillpool.trainer.events import Resync, SkillActivated, SkillEvent, SkillRegistered, SkillRetired
 
 from .engines import Engine
 from .metrics import Metrics
@@ -100,34 +101,29 @@ class SkillPool:
         self.measure_routing()
         log.info("retired skill %s", name)
 
-    def on_event(self, event: dict) -> None:  # type: ignore[type-arg]
+    def on_event(self, event: SkillEvent) -> None:
         """A worker elsewhere stored a skill version, or a server retired or rolled back a skill: follow the
         shared store (the state it says, not only the event, so a late or repeated event does no harm)."""
-        kind, name = event.get("type"), str(event.get("name"))
-        if kind == "resync":
-            self.reconcile()
-            return
-        if kind == "skill_retired":
-            if self.store.serving(name) is None:
-                self.unregister(name)
-            return
-        if kind == "skill_activated":
-            rec = self.store.serving(name)
-            have = self._records.get(name)
-            if rec is not None and (have is None or have.version != rec.version):
+        match event:
+            case Resync():
+                self.reconcile()
+            case SkillRetired(name):
+                if self.store.serving(name) is None:
+                    self.unregister(name)
+            case SkillActivated(name):
+                rec = self.store.serving(name)
+                have = self._records.get(name)
+                if rec is not None and (have is None or have.version != rec.version):
+                    self.register(rec)
+            case SkillRegistered(name, version):
+                have = self._records.get(name)
+                if have is not None and have.version >= version:
+                    return
+                rec = self.store.get(name, version)
+                if rec is None:
+                    log.error("skill %s v%d announced but not in the store at %s", name, version, self.store.root)
+                    return
                 self.register(rec)
-            return
-        if kind != "skill_registered":
-            return
-        version = int(event["version"])
-        have = self._records.get(name)
-        if have is not None and have.version >= version:
-            return
-        rec = self.store.get(name, version)
-        if rec is None:
-            log.error("skill %s v%d announced but not in the store at %s", name, version, self.store.root)
-            return
-        self.register(rec)
 
     def reconcile(self) -> None:
         """Serve exactly what the shared store says serves: catches up on events this server missed (its

@@ -30,6 +30,7 @@ from skillpool.adapters_store.diskio import atomic_write, sweep
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
+from .events import SkillEvent
 from .failures import describe, redact_paths
 from .heap import release_freed_memory
 from .loop import Cancelled, Progress
@@ -118,7 +119,7 @@ class JobQueue(Protocol):
     def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job: ...
     def add(self, job: Job) -> Job: ...
     def update(self, job: Job) -> None: ...
-    def publish(self, event: dict[str, Any]) -> None: ...
+    def publish(self, event: SkillEvent) -> None: ...
     def get(self, job_id: str) -> Job | None: ...
     def list(self) -> list[Job]: ...
     def depth(self) -> int: ...
@@ -142,7 +143,7 @@ class LocalJobQueue:
         runner: Runner,
         on_success: Callable[[SkillRecord], None],
         on_finish: Callable[[Job], None] | None = None,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[SkillEvent], None] | None = None,
     ) -> None:
         self.dir = jobs_dir
         self.on_event = on_event  # skill events (retired, activated) go straight back to this server
@@ -226,7 +227,7 @@ class LocalJobQueue:
     def trainer_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def publish(self, event: dict[str, Any]) -> None:
+    def publish(self, event: SkillEvent) -> None:
         if self.on_event is not None:
             self.on_event(event)
 

@@ -10,11 +10,10 @@ any worker sweeps; each start counts as a try and a job that was started `max_tr
 reason. The job's data stays until the job ends, the queue depth is the two lists' lengths (nothing to leak),
 and a retried job first looks for a skill version its earlier try already wrote, so a version is written once.
 
-When a worker stores a skill it appends {"type": "skill_registered", "name", "version"} to the events
-stream; retiring a skill or rolling it back appends {"type": "skill_retired", "name"} or
-{"type": "skill_activated", "name", "version"}. Every server reads the stream from the last id it saw, so
-one that was disconnected gets what it missed when it is back; every `resync_s` the listener also hands
-on_event {"type": "resync"} (the stream is trimmed): the server then serves exactly what the store says.
+When a worker stores a skill it appends SkillRegistered to the events stream; retiring a skill or rolling
+it back appends SkillRetired or SkillActivated (trainer.events). Every server reads the stream from the last
+id it saw, so one that was disconnected gets what it missed when it is back; every `resync_s` the listener
+also hands on_event Resync() (the stream is trimmed): the server then serves exactly what the store says.
 
 A job reserves its skill's name across every server (trainer.reservations): `skill:<name>` holds its id, set
 only if no live job holds it (a holder whose record has ended is replaced), deleted when the job ends. Until the
@@ -39,6 +38,7 @@ import redis
 from skillpool.adapters_store.store import SkillRecord
 
 from .config import TrainConfig
+from .events import Resync, SkillEvent, SkillRegistered, from_wire, to_wire
 from .failures import describe
 from .jobs import Job, Runner, run_job
 from .keys import DEFAULT_PREFIX, RedisKeys
@@ -82,7 +82,7 @@ class RedisJobQueue:
         runner: Runner | None,
         on_success: Callable[[SkillRecord], None] | None = None,
         on_finish: Callable[[Job], None] | None = None,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[SkillEvent], None] | None = None,
         prefix: str = DEFAULT_PREFIX,
         resync_s: float = 60.0,
         lease_s: float = 30.0,
@@ -190,8 +190,8 @@ class RedisJobQueue:
         # claimed: its worker sees the cancel key (or, if that worker is gone, the next one does)
         return self.get(job_id)
 
-    def publish(self, event: dict[str, Any]) -> None:
-        self.r.xadd(self.keys.events, {"event": json.dumps(event)}, maxlen=EVENTS_MAXLEN, approximate=True)
+    def publish(self, event: SkillEvent) -> None:
+        self.r.xadd(self.keys.events, {"event": to_wire(event)}, maxlen=EVENTS_MAXLEN, approximate=True)
 
     def close(self) -> None:
         self._closed.set()
@@ -212,7 +212,7 @@ class RedisJobQueue:
     def _succeeded(self, record: SkillRecord) -> None:
         if self.on_success is not None:
             self.on_success(record)
-        self.publish({"type": "skill_registered", "name": record.name, "version": record.version})
+        self.publish(SkillRegistered(record.name, record.version))
 
     def sweep(self) -> builtins.list[str]:
         """Requeue claimed jobs whose lease expired (their worker is gone); returns their ids."""
@@ -335,7 +335,7 @@ class RedisJobQueue:
             if time.monotonic() >= next_resync:
                 next_resync = time.monotonic() + self.resync_s
                 try:
-                    self.on_event({"type": "resync"})
+                    self.on_event(Resync())
                 except Exception:
                     log.exception("resync with the skill store failed")
             try:
@@ -347,7 +347,8 @@ class RedisJobQueue:
                 for entry_id, fields in entries:
                     self._last_event = str(entry_id)
                     try:
-                        self.on_event(json.loads(fields["event"]))
+                        if (event := from_wire(fields["event"])) is not None:
+                            self.on_event(event)
                     except Exception:
                         log.exception("event handler failed for %s", fields)
 

@@ -19,6 +19,7 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
+from skillpool.trainer.events import Resync
 from tests.conftest import sst2_lines, strict, wait_fine_tuning
 
 FAST = {"n_epochs": 1, "batch_size": 8}
@@ -142,10 +143,10 @@ def test_a_resync_catches_up_with_the_store(components) -> None:  # type: ignore
     """A retire or rollback whose event this server missed: the periodic resync follows the shared store."""
     [name] = [rec.name for rec in components.pool.records()]  # served again after the rollback above
     components.store.retire(name)  # as another server does; no event reaches this one
-    components.pool.on_event({"type": "resync"})
+    components.pool.on_event(Resync())
     assert components.pool.get(name) is None and name not in components.router.skills
     components.store.activate(name)
-    components.pool.on_event({"type": "resync"})
+    components.pool.on_event(Resync())
     assert components.pool.get(name) is not None and name in components.router.skills
 
 

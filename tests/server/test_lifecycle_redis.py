@@ -12,6 +12,7 @@ from openai import OpenAI
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
+from skillpool.trainer.events import Resync
 from tests.conftest import dataset_dir, until
 
 
@@ -58,6 +59,6 @@ def test_the_event_listener_resyncs_periodically(redis_url) -> None:  # type: ig
     seen: list[dict[str, object]] = []
     queue = RedisJobQueue(redis_url, None, on_event=seen.append, prefix=f"t-{uuid.uuid4().hex[:8]}", resync_s=0.2)
     try:
-        until(lambda: {"type": "resync"} in seen, timeout=10)
+        until(lambda: Resync() in seen, timeout=10)
     finally:
         queue.close()

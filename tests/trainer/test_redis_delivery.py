@@ -14,6 +14,7 @@ import redis
 
 from skillpool.adapters_store.store import SkillRecord
 from skillpool.trainer.config import TrainConfig
+from skillpool.trainer.events import SkillActivated, SkillRegistered, SkillRetired
 from skillpool.trainer.jobs import Job, new_job_id
 from skillpool.trainer.records import TERMINAL, JobStatus
 from skillpool.trainer.redis_jobs import _CLAIM, RedisJobQueue
@@ -159,17 +160,34 @@ def test_skill_events_published_while_a_server_cannot_read_reach_it_later(redis_
 
     server.r.xread = xread  # type: ignore[method-assign]
     try:
-        other.publish({"type": "skill_registered", "name": "a", "version": 1})
+        other.publish(SkillRegistered("a", 1))
         until(lambda: len(seen) == 1, timeout=10)
         cut.set()
         time.sleep(1.5)  # the listener is failing now
-        other.publish({"type": "skill_retired", "name": "a"})
-        other.publish({"type": "skill_activated", "name": "b", "version": 2})
+        other.publish(SkillRetired("a"))
+        other.publish(SkillActivated("b", 2))
         time.sleep(1.5)
         assert len(seen) == 1
         cut.clear()
         until(lambda: len(seen) == 3, timeout=10)
-        assert [e["type"] for e in seen] == ["skill_registered", "skill_retired", "skill_activated"]
+        assert seen[:3] == [SkillRegistered("a", 1), SkillRetired("a"), SkillActivated("b", 2)]
     finally:
         server.close()
         other.close()
+
+
+def test_events_keep_their_wire_format_and_unknown_types_are_skipped() -> None:
+    """Servers of this and the previous release follow one stream: the JSON spelling is unchanged."""
+    import json
+
+    from skillpool.trainer.events import Resync, from_wire, to_wire
+
+    for event, wire in [
+        (SkillRegistered("a", 3), {"type": "skill_registered", "name": "a", "version": 3}),
+        (SkillRetired("a"), {"type": "skill_retired", "name": "a"}),
+        (SkillActivated("b", 2), {"type": "skill_activated", "name": "b", "version": 2}),
+        (Resync(), {"type": "resync"}),
+    ]:
+        assert json.loads(to_wire(event)) == wire and from_wire(json.dumps(wire)) == event
+    assert from_wire(json.dumps({"type": "skill_renamed", "name": "a"})) is None
+    assert from_wire(json.dumps({"type": "skill_registered", "name": "a", "version": "4"})) == SkillRegistered("a", 4)
