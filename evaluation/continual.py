@@ -33,7 +33,7 @@ from skillpool.trainer.config import METHODS, TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.records import Example, JobStatus
 from skillpool.trainer.scoring import metric_for, score
-from skillpool.trainer.worker import split_examples
+from skillpool.trainer.skill_trainer import split_examples
 
 from .baselines import Baselines, BaselineSides, logged_result, logged_training
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean

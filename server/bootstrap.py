@@ -14,7 +14,7 @@ from skillpool.router.embedder import Embedder, SentenceEmbedder
 from skillpool.router.modes import mode_class
 from skillpool.trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
 from skillpool.trainer.redis_jobs import RedisJobQueue
-from skillpool.trainer.worker import SkillTrainer
+from skillpool.trainer.skill_trainer import SkillTrainer
 
 from .components import Components
 from .config import ServerConfig

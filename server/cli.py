@@ -234,7 +234,7 @@ def _worker(args: argparse.Namespace) -> int:
     from skillpool.adapters_store.base_model import resolve_base_model
     from skillpool.adapters_store.store import SkillStore
     from skillpool.trainer.redis_jobs import RedisJobQueue
-    from skillpool.trainer.worker import SkillTrainer
+    from skillpool.trainer.skill_trainer import SkillTrainer
 
     from .bootstrap import make_router, make_runner
     from .metrics import Metrics

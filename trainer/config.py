@@ -6,9 +6,9 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-METHODS = ("isolated", "sapt", "kif")  # see trainer/worker.py
+METHODS = ("isolated", "sapt", "kif")  # see trainer/skill_trainer.py
 DEFAULT_METHOD = "isolated"
-KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/worker.py
+KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/skill_trainer.py
 CHECKPOINTING = {"auto": None, "on": True, "off": False}  # TrainConfig.gradient_checkpointing → Schedule's
 
 

@@ -208,7 +208,7 @@ def _validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
             return
         if param == "training_file":
             examples = rows
-        else:  # the held-out split the quality gate scores (trainer.worker.split_examples)
+        else:  # the held-out split the quality gate scores (trainer.skill_trainer.split_examples)
             held = [{**r, "held_out": True} for r in rows]  # type: ignore[typeddict-item]
     job.examples = len(examples)
     examples = examples + held

@@ -16,7 +16,7 @@ from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.jobs import Job, LocalJobQueue, new_job_id
 from skillpool.trainer.loop import Cancelled, stop_check
 from skillpool.trainer.records import TERMINAL, JobStatus
-from skillpool.trainer.worker import SkillTrainer
+from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import read_task, until
 
 

@@ -18,7 +18,7 @@ from skillpool.server.bootstrap import build_components, make_runner
 from skillpool.server.config import ServerConfig
 from skillpool.server.metrics import Metrics
 from skillpool.trainer.redis_jobs import RedisJobQueue
-from skillpool.trainer.worker import SkillTrainer
+from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import dataset_dir, wait_job
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.records import Example
-from skillpool.trainer.worker import split_examples
+from skillpool.trainer.skill_trainer import split_examples
 
 
 def rows(n: int, held_out: bool = False) -> list[Example]:

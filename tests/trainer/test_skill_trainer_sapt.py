@@ -12,7 +12,7 @@ from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
-from skillpool.trainer.worker import SkillTrainer
+from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import dataset_dir
 
 
