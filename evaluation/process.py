@@ -52,7 +52,7 @@ class ServerProcess:
             [
                 self.python,
                 "-m",
-                "skillpool.server.cli",
+                "skillpool.cli.main",
                 "serve",
                 "--port",
                 str(self.port),

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from skillpool.router.embedder import CachedEmbedder, Embedder, SentenceEmbedder
+from skillpool.router.flags import EVAL_FIELDS, add_router_flags, router_settings
 from skillpool.router.modes import mode_class
-from skillpool.router.router import MODES, Decision, Features, Router, RouterSettings
-from skillpool.router.sapt import POOLS, SAPTSettings, TokenPooler
+from skillpool.router.router import Decision, Features, Router
+from skillpool.router.sapt import TokenPooler
 
 from .routing_report import plot, print_table
 from .tasks import TEXT_MODES, Task, load_paraphrases, load_task
@@ -116,7 +117,6 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = RouterSettings()
     p.add_argument(
         "--tasks",
         type=Path,
@@ -124,7 +124,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         help="task folders (train.jsonl + test.jsonl), learned in this order",
     )
-    p.add_argument("--router", choices=MODES, default=d.mode)
+    add_router_flags(p, ("mode",))  # the flags in today's order: `settings` in the JSON keeps its key order
     p.add_argument(
         "--text",
         choices=TEXT_MODES,
@@ -141,58 +141,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-limit", type=int, default=None, help="default: all test inputs")
     p.add_argument("--json", type=Path, required=True, help="write the results here")
     p.add_argument("--plots", type=Path, default=None, help="folder for routing_confusion.png and routing_curve.png")
-    p.add_argument("--keys", type=int, default=d.n_keys)
-    p.add_argument("--groups", type=int, default=d.dtkr.groups)
-    p.add_argument("--top-k", type=int, default=d.top_k)
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--threshold-percentile", type=float, default=d.threshold_percentile)
-    p.add_argument("--threshold-margin", type=float, default=d.threshold_margin)
-    p.add_argument(
-        "--white-threshold-percentile", type=float, default=d.white_threshold_percentile, help="dtkr: whitened gate"
-    )
-    p.add_argument("--white-threshold-margin", type=float, default=d.white_threshold_margin, help="dtkr: whitened gate")
-    p.add_argument(
-        "--format-gate",
-        choices=("on", "off"),
-        default="on" if d.format.enabled else "off",
-        help="fall back when a request lacks the fixed prompt text (instruction, options, field names) of its skills",
-    )
-    p.add_argument(
-        "--format-min-df",
-        type=float,
-        default=d.format.min_df,
-        help="share of a skill's inputs a gram must be in to be part of its format",
-    )
-    p.add_argument(
-        "--format-margin", type=float, default=d.format.margin, help="nats below the skill's held-out percentile"
-    )
-    p.add_argument("--format-percentile", type=float, default=d.format.percentile)
-    p.add_argument(
-        "--format-source",
-        choices=("inputs", "prompts"),
-        default=d.format.source,
-        help="fit the format gate on the inputs without instruction (fields) or on whole training prompts",
-    )
-    p.add_argument(
-        "--labels",
-        choices=("on", "off"),
-        default="on" if d.labels.enabled else "off",
-        help="gate on the skill's label set: a request naming some of its labels but not all falls back",
-    )
-    p.add_argument(
-        "--augment-inputs",
-        choices=("on", "off"),
-        default="on" if d.augment_inputs else "off",
-        help="keys and thresholds also learn each training input without its instruction",
-    )
+    add_router_flags(p, [f for f in EVAL_FIELDS if f != "mode" and not f.startswith("sapt.")])
     p.add_argument("--replay-fraction", type=float, default=0.02, help="sapt: replay sample kept per task")
-    p.add_argument("--sapt-steps", type=int, default=d.sapt.steps)
-    p.add_argument("--sapt-lambda", type=float, default=d.sapt.arm_lambda, help="weight of attentive reflection")
-    p.add_argument("--sapt-pool", choices=POOLS, default=d.sapt.pool)
-    p.add_argument(
-        "--sapt-generated", type=int, default=d.sapt.generated, help="sapt: Gaussian draws per earlier skill (0: off)"
-    )
-    p.add_argument("--sapt-feature-rank", type=int, default=d.sapt.feature_rank, help="sapt: the Gaussian's rank")
+    add_router_flags(p, [f for f in EVAL_FIELDS if f.startswith("sapt.")])
     p.add_argument(
         "--model", type=Path, default=None, help="sapt: local base checkpoint (default: the packaged SmolLM2)"
     )
@@ -203,37 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dataclasses import replace
-
-    d = RouterSettings()
-    settings = RouterSettings(
-        mode=args.router,
-        n_keys=args.keys,
-        top_k=args.top_k,
-        temperature=args.temperature,
-        threshold_percentile=args.threshold_percentile,
-        threshold_margin=args.threshold_margin,
-        white_threshold_percentile=args.white_threshold_percentile,
-        white_threshold_margin=args.white_threshold_margin,
-        dtkr=replace(d.dtkr, groups=args.groups),
-        sapt=SAPTSettings(
-            steps=args.sapt_steps,
-            arm_lambda=args.sapt_lambda,
-            pool=args.sapt_pool,
-            generated=args.sapt_generated,
-            feature_rank=args.sapt_feature_rank,
-        ),
-        format=replace(
-            d.format,
-            enabled=args.format_gate == "on",
-            min_df=args.format_min_df,
-            margin=args.format_margin,
-            percentile=args.format_percentile,
-            source=args.format_source,
-        ),
-        labels=replace(d.labels, enabled=args.labels == "on"),
-        augment_inputs=args.augment_inputs == "on",
-    )
+    settings = router_settings(args)
     para = load_paraphrases(args.instructions) if args.instructions else {}
     if para and args.text == "input-only":
         raise ValueError("--instructions replaces the instruction, which --text input-only leaves out")

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_base_model
-from skillpool.adapters_store.store import SkillRecord, SkillStore
-from skillpool.router import Router, RouterSettings, TokenPooler
-from skillpool.router.embedder import Embedder, SentenceEmbedder
-from skillpool.router.modes import mode_class
-from skillpool.trainer.jobs import Job, JobQueue, LocalJobQueue, Runner
+from skillpool.adapters_store.store import SkillStore
+from skillpool.router.build import make_router
+from skillpool.router.embedder import Embedder
+from skillpool.trainer.jobs import JobQueue, LocalJobQueue
 from skillpool.trainer.redis_jobs import RedisJobQueue
+from skillpool.trainer.runner import make_runner
 from skillpool.trainer.skill_trainer import SkillTrainer
 
 from .components import Components
@@ -27,58 +25,9 @@ from .skills import SkillPool
 log = logging.getLogger(__name__)
 
 
-def make_runner(
-    trainer: SkillTrainer, metrics: Metrics, busy: Callable[[], bool] | None = None, max_yield_s: float = 2.0
-) -> Runner:
-    """A job runner for this server's trainer. `busy`: whether serving has requests running or waiting; an
-    in-process trainer then waits before each optimizer step (at most `max_yield_s` a step, so it still
-    progresses under constant load): on shared cores chat's next token comes first."""
-
-    def run(job: Job, examples, train_cfg, progress, should_stop) -> SkillRecord:  # type: ignore[no-untyped-def]
-        def stop_or_yield() -> bool:
-            deadline = time.monotonic() + max_yield_s
-            while busy is not None and busy() and time.monotonic() < deadline and not should_stop():
-                time.sleep(0.02)
-            return bool(should_stop())
-
-        def report(p):  # type: ignore[no-untyped-def]
-            progress(p)
-            if p.loss is not None:
-                metrics.training_loss.labels(job.skill).set(p.loss)
-            metrics.training_tokens_per_s.labels(job.skill).set(p.tokens_per_s)
-
-        # a retried job (its worker died after storing) finds the version it wrote: a version is written once
-        done = next((r for r in trainer.store.versions(job.skill) if r.meta.get("training_job") == job.id), None)
-        if done is not None:
-            return done
-        alias = (job.fine_tuning or {}).get("fine_tuned_model")  # the OpenAI model id the skill answers to
-        extra: dict[str, Any] = {"training_job": job.id}
-        if job.owner is not None:  # the key name that trained it: a train key extends only its own skills
-            extra["owner"] = job.owner
-        if alias:
-            extra |= {"fine_tuned_model": alias, "fine_tuning_job": job.id}
-        return trainer.run(
-            job.skill, examples, train_cfg, job.method, report, stop_or_yield, force=job.force, extra_meta=extra
-        )
-
-    return run
-
-
 def serving_busy(engine: Engine) -> bool:
     stats = engine.stats()
     return stats["running"] + stats["waiting"] > 0
-
-
-def make_router(
-    settings: RouterSettings, base: BaseModel, embedder: Embedder | None = None, device: str | None = None
-) -> Router:
-    """The router for these settings (MiniLM on `device`); sapt also reads the base model's token-embedding table."""
-    pooler = (
-        TokenPooler.from_checkpoint(base.path, settings.sapt.max_tokens, settings.sapt.pool)
-        if mode_class(settings.mode).learns_projector
-        else None
-    )
-    return Router(embedder or SentenceEmbedder(device=device), settings, pooler)
 
 
 def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = None) -> Engine:

@@ -100,3 +100,9 @@ class Metrics:
         self.resident_skills = Gauge(
             "skillpool_resident_skills", "Skills whose adapter weights are loaded in the engine now", registry=r
         )
+
+    def training_progress(self, skill: str, loss: float | None, tokens_per_s: float) -> None:
+        """trainer.runner.TrainingObserver: a job's latest loss and throughput as gauges."""
+        if loss is not None:
+            self.training_loss.labels(skill).set(loss)
+        self.training_tokens_per_s.labels(skill).set(tokens_per_s)

@@ -13,7 +13,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `skillpool serve` sets it (see server/cli.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `skillpool` sets it (see cli/main.py)
 
 REPO = Path(__file__).resolve().parent.parent
 DATASETS = REPO.parent / "shared" / "datasets"

@@ -95,7 +95,7 @@ def test_a_venv_with_only_torch_serves_from_the_bundle(tmp_path: Path, smollm) -
     assert done.returncode == 0, done.stdout + done.stderr
     assert "pip check: nothing skillpool needs is missing" in done.stdout  # the bundle holds all it needs
     where = subprocess.run(
-        [py, "-c", "import skillpool.server.cli as c; print(c.__file__)"], capture_output=True, text=True, cwd=tmp_path
+        [py, "-c", "import skillpool.cli.main as c; print(c.__file__)"], capture_output=True, text=True, cwd=tmp_path
     )
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr  # not this checkout's code
 

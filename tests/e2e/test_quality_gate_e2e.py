@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from load_tests.common import ask, rows, upload, user_text, wait_job
+from skillpool.cli.main import main
 from skillpool.evaluation.process import ServerProcess
-from skillpool.server.cli import main
 from tests.conftest import dataset_dir
 
 pytestmark = pytest.mark.slow

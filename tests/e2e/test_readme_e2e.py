@@ -7,7 +7,7 @@ snippet's `base_url`, `model`, messages and its read of the routing field are ta
 README stays at most 250 lines and every relative link in it points at a file that exists.
 
 SKILLPOOL_README_SKILLPOOL replaces the command's executable where `.venv/bin/skillpool` is not installed (a
-worktree sharing another environment), e.g. `SKILLPOOL_README_SKILLPOOL="/path/python -m skillpool.server.cli"`.
+worktree sharing another environment), e.g. `SKILLPOOL_README_SKILLPOOL="/path/python -m skillpool.cli.main"`.
 CI leaves it unset and runs the README's command as written.
 """
 
@@ -73,7 +73,7 @@ def executable(argv: list[str]) -> list[str]:
         pytest.fail(
             f"the README's server command runs {argv[0]!r}, which is not installed at {exe}: run `bash setup.sh` "
             "first (or set SKILLPOOL_README_SKILLPOOL to a command that runs skillpool, e.g. "
-            "'/path/python -m skillpool.server.cli')"
+            "'/path/python -m skillpool.cli.main')"
         )
     return [str(exe), *argv[1:]]
 

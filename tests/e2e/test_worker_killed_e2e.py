@@ -24,7 +24,7 @@ LEASE_S = 3
 
 
 def _worker(redis_url: str, data_dir: Path, model: Path, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "skillpool.server.cli", "worker", "--redis-url", redis_url, "--data-dir"]
+    cmd = [sys.executable, "-m", "skillpool.cli.main", "worker", "--redis-url", redis_url, "--data-dir"]
     cmd += [str(data_dir), "--model", str(model), "--lease-s", str(LEASE_S), "--max-tries", "3"]
     with log.open("ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from skillpool.cli.main import main
 from skillpool.evaluation import continual
 from skillpool.evaluation.baselines import logged_result, logged_training
 from skillpool.evaluation.continual import Task, _reference_single, earlier_steps, server_argv
 from skillpool.evaluation.progress_log import ProgressLog, read_log
-from skillpool.server.cli import main
 from skillpool.trainer.config import TrainConfig
 from tests.conftest import dataset_dir
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from skillpool.server.cli import main
+from skillpool.cli.main import main
 from tests.conftest import dataset_dir
 
 

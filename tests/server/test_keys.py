@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from skillpool.cli.main import main
 from skillpool.server.auth import (
     ANONYMOUS,
     SINGLE_TENANT,
@@ -18,7 +19,6 @@ from skillpool.server.auth import (
     parse_keys,
     required_role,
 )
-from skillpool.server.cli import main
 from skillpool.trainer.files import FileStore
 from skillpool.trainer.jobs import Job
 

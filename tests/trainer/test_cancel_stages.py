@@ -10,12 +10,11 @@ import pytest
 
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
-from skillpool.server.bootstrap import make_runner
-from skillpool.server.metrics import Metrics
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.jobs import Job, LocalJobQueue, new_job_id
 from skillpool.trainer.loop import Cancelled, stop_check
 from skillpool.trainer.records import TERMINAL, JobStatus
+from skillpool.trainer.runner import make_runner
 from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import read_task, until
 
@@ -50,7 +49,7 @@ def test_a_job_cancelled_during_key_preparation_ends_within_seconds(tiny_base, e
     """1,000 sst-2 rows: about 45 s of key preparation on two busy cores before training could start."""
     examples = read_task("long_sequence", "sst-2", "train", 1000)
     trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder), tiny_base)
-    q = LocalJobQueue(tmp_path / "jobs", make_runner(trainer, Metrics()), lambda _: None)
+    q = LocalJobQueue(tmp_path / "jobs", make_runner(trainer), lambda _: None)
     try:
         job = q.submit(Job(id=new_job_id(), skill="sst-2", method="isolated", config={}), examples, TrainConfig())
         until(lambda: job.status == JobStatus.RUNNING)

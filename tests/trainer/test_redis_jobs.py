@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
 from skillpool.server.app import create_app
-from skillpool.server.bootstrap import build_components, make_runner
+from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from skillpool.server.metrics import Metrics
 from skillpool.trainer.redis_jobs import RedisJobQueue
+from skillpool.trainer.runner import make_runner
 from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import dataset_dir, wait_job
 
@@ -33,7 +33,7 @@ def test_worker_elsewhere_trains_and_every_server_serves(redis_url, prefix, tiny
     )
     server = build_components(cfg, base=tiny_base, embedder=embedder)
     trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder), tiny_base)
-    worker = RedisJobQueue(redis_url, make_runner(trainer, Metrics()), prefix=prefix)
+    worker = RedisJobQueue(redis_url, make_runner(trainer), prefix=prefix)
     lines = (dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()
     try:
         with TestClient(create_app(server)) as client:

@@ -1,4 +1,4 @@
-"""Wiring a server from its config."""
+"""The job runner: an in-process trainer yields to serving; a retried job reuses what it stored."""
 
 from __future__ import annotations
 
@@ -6,16 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from skillpool.adapters_store.store import SkillStore
-from skillpool.router import RouterSettings
 from tests.adapters_store.test_store import draft
-
-
-def test_server_router_embeds_on_the_server_device(tiny_base) -> None:  # type: ignore[no-untyped-def]
-    from skillpool.server.bootstrap import make_router
-
-    router = make_router(RouterSettings(), tiny_base, device="cpu:0")  # not the default spelling: it was passed on
-    assert router.embedder.device == "cpu:0"  # type: ignore[attr-defined]
-    assert router.route(["hello"])[0].reason == "no_skills"
 
 
 class _Steps:
@@ -37,21 +28,20 @@ class _Steps:
 def test_an_in_process_trainer_yields_its_steps_to_serving_but_not_forever(tmp_path: Path) -> None:
     import threading
 
-    from skillpool.server.bootstrap import make_runner
-    from skillpool.server.metrics import Metrics
     from skillpool.trainer.config import TrainConfig
     from skillpool.trainer.jobs import Job
+    from skillpool.trainer.runner import make_runner
 
     job = Job(id="job-1", skill="s", method="isolated", config={})
     busy = threading.Event()
     busy.set()
     steps = _Steps(busy, SkillStore(tmp_path))
     threading.Timer(0.3, busy.clear).start()  # serving goes idle a moment later
-    make_runner(steps, Metrics(), busy.is_set, max_yield_s=120)(job, [], TrainConfig(), print, lambda: False)  # type: ignore[arg-type]
+    make_runner(steps, None, busy.is_set, max_yield_s=120)(job, [], TrainConfig(), print, lambda: False)  # type: ignore[arg-type]
     assert steps.steps_while_busy == [False, False, False]  # no step ran while requests were being served
     busy.set()  # serving never goes idle: each step waits at most max_yield_s, so training still ends
     steps = _Steps(busy, SkillStore(tmp_path / "other"))
-    make_runner(steps, Metrics(), busy.is_set, max_yield_s=0.05)(job, [], TrainConfig(), print, lambda: False)  # type: ignore[arg-type]
+    make_runner(steps, None, busy.is_set, max_yield_s=0.05)(job, [], TrainConfig(), print, lambda: False)  # type: ignore[arg-type]
     assert steps.steps_while_busy == [True, True, True]
 
 
@@ -59,13 +49,12 @@ def test_a_retried_job_reuses_the_version_its_earlier_try_stored(tmp_path: Path)
     """A worker that died after storing but before ending the job: the retry returns that version, trains nothing."""
     import threading
 
-    from skillpool.server.bootstrap import make_runner
-    from skillpool.server.metrics import Metrics
     from skillpool.trainer.config import TrainConfig
     from skillpool.trainer.jobs import Job
+    from skillpool.trainer.runner import make_runner
 
     steps = _Steps(threading.Event(), SkillStore(tmp_path))
-    runner = make_runner(steps, Metrics())  # type: ignore[arg-type]
+    runner = make_runner(steps)  # type: ignore[arg-type]
     job = Job(id="job-1", skill="s", method="isolated", config={})
     first = runner(job, [], TrainConfig(), print, lambda: False)
     again = runner(job, [], TrainConfig(), print, lambda: False)

@@ -1,0 +1,57 @@
+"""The job runner: how a job queue (local or Redis) runs one job on a `SkillTrainer`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from skillpool.adapters_store.store import SkillRecord
+
+from .jobs import Job, Runner
+from .skill_trainer import SkillTrainer
+
+
+class TrainingObserver(Protocol):
+    """Watches training progress; the server's Metrics is one (its Prometheus gauges), the trainer needs none."""
+
+    def training_progress(self, skill: str, loss: float | None, tokens_per_s: float) -> None: ...
+
+
+def make_runner(
+    trainer: SkillTrainer,
+    observer: TrainingObserver | None = None,
+    busy: Callable[[], bool] | None = None,
+    max_yield_s: float = 2.0,
+) -> Runner:
+    """A job runner for this trainer. `busy`: whether serving has requests running or waiting; an in-process
+    trainer then waits before each optimizer step (at most `max_yield_s` a step, so it still progresses under
+    constant load): on shared cores chat's next token comes first."""
+
+    def run(job: Job, examples, train_cfg, progress, should_stop) -> SkillRecord:  # type: ignore[no-untyped-def]
+        def stop_or_yield() -> bool:
+            deadline = time.monotonic() + max_yield_s
+            while busy is not None and busy() and time.monotonic() < deadline and not should_stop():
+                time.sleep(0.02)
+            return bool(should_stop())
+
+        def report(p):  # type: ignore[no-untyped-def]
+            progress(p)
+            if observer is not None:
+                observer.training_progress(job.skill, p.loss, p.tokens_per_s)
+
+        # a retried job (its worker died after storing) finds the version it wrote: a version is written once
+        done = next((r for r in trainer.store.versions(job.skill) if r.meta.get("training_job") == job.id), None)
+        if done is not None:
+            return done
+        alias = (job.fine_tuning or {}).get("fine_tuned_model")  # the OpenAI model id the skill answers to
+        extra: dict[str, Any] = {"training_job": job.id}
+        if job.owner is not None:  # the key name that trained it: a train key extends only its own skills
+            extra["owner"] = job.owner
+        if alias:
+            extra |= {"fine_tuned_model": alias, "fine_tuning_job": job.id}
+        return trainer.run(
+            job.skill, examples, train_cfg, job.method, report, stop_or_yield, force=job.force, extra_meta=extra
+        )
+
+    return run

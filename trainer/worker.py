@@ -1,0 +1,78 @@
+"""`skillpool worker`: a trainer process that pulls jobs from Redis and writes skills to the shared store.
+
+It imports nothing of the server: the job runner is trainer.runner, the router is built by router.build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from skillpool.router.flags import add_router_flags, router_settings
+
+from .keys import DEFAULT_PREFIX
+from .threads import add_threads_argument, set_threads
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--redis-url", default=os.environ.get("SKILLPOOL_REDIS_URL"), required=not os.environ.get("SKILLPOOL_REDIS_URL")
+    )
+    p.add_argument("--redis-prefix", default=DEFAULT_PREFIX)
+    p.add_argument(
+        "--data-dir", type=Path, default=Path("./data"), help="the skill store shared with the servers"
+    )  # serve's default too (ServerConfig.data_dir)
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument(
+        "--lease-s",
+        type=float,
+        default=30.0,
+        help="a job whose worker is silent this long goes back to the queue (renewed every third of it)",
+    )
+    p.add_argument("--max-tries", type=int, default=3, help="starts of one job before it fails as lost")
+    add_threads_argument(p)
+    add_router_flags(p)
+    p.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.store import SkillStore
+    from skillpool.router.build import make_router
+
+    from .redis_jobs import RedisJobQueue
+    from .runner import make_runner
+    from .skill_trainer import SkillTrainer
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    set_threads(args.threads)
+    base = resolve_base_model(args.model)
+    store = SkillStore(args.data_dir)
+    # the worker's router only prepares keys; it re-reads the shared store before each sapt job
+    trainer = SkillTrainer(
+        store, make_router(router_settings(args), base, device=args.device), base, device=args.device, sync_router=True
+    )
+    queue = RedisJobQueue(
+        args.redis_url, make_runner(trainer), prefix=args.redis_prefix, lease_s=args.lease_s, max_tries=args.max_tries
+    )
+    print(
+        f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}",
+        file=sys.stderr,
+        flush=True,
+    )
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    queue.close()
+    return 0
