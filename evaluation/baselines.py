@@ -22,7 +22,7 @@ from .progress_log import ProgressLog
 if TYPE_CHECKING:
     from skillpool.trainer.records import Example
 
-    from .continual import Task
+    from .continual_task import Task
 
 
 class Baselines:

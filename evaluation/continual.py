@@ -31,34 +31,19 @@ from typing import Any
 
 from skillpool.trainer.config import METHODS, TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
-from skillpool.trainer.records import Example, JobStatus
-from skillpool.trainer.scoring import metric_for, score
+from skillpool.trainer.records import JobStatus
+from skillpool.trainer.scoring import metric_for
 from skillpool.trainer.skill_trainer import split_examples
 
 from .baselines import Baselines, BaselineSides, logged_result, logged_training
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
 from .continual_report import plot, print_table
+from .continual_task import Task
 from .progress_log import RUN, ProgressLog, log_path, read_log
 from .tasks import task_lines
 
 BASELINES = ("oracle", "seq", "mtl")
 METRICS = ("auto", "exact_match", "rouge_l")
-
-
-@dataclass
-class Task:
-    """A task as `eval continual` sees it: the uploaded rows and the normalized examples to score."""
-
-    name: str
-    train_body: bytes  # the JSONL rows uploaded
-    train: list[Example]  # the rows the server trains on (its split), for the in-process baselines
-    test: list[Example]
-    metric: str
-    budget: int = 16  # max new tokens when answering
-
-    def row_scores(self, answers: list[str]) -> list[float]:
-        """Each test row's score in points (0-100), by the task's metric."""
-        return [100 * score(self.metric, a, e["answer"]) for a, e in zip(answers, self.test, strict=True)]
 
 
 @dataclass
