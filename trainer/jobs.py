@@ -176,15 +176,18 @@ class LocalJobQueue:
     def _write(self, job: Job) -> None:
         """Write the record now, then any an earlier save could not; StorageError if this one cannot be."""
         with self._disk:
-            atomic_write(self.dir / f"{job.id}.json", json.dumps(job.to_dict()).encode(), fsync=False)
+            self._put(job)
             self._unsaved.discard(job.id)
             self._flush()
+
+    def _put(self, job: Job) -> None:
+        atomic_write(self.dir / f"{job.id}.json", json.dumps(job.to_dict()).encode(), fsync=False)
 
     def _flush(self) -> None:
         for job_id in list(self._unsaved):
             if (job := self._jobs.get(job_id)) is not None:
                 try:
-                    atomic_write(self.dir / f"{job_id}.json", json.dumps(job.to_dict()).encode(), fsync=False)
+                    self._put(job)
                 except OSError:
                     return  # still full: the next save or the idle retry tries again
             self._unsaved.discard(job_id)

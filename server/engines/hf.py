@@ -47,7 +47,7 @@ from .protocol import (
     mix_error,
 )
 from .residency import SkillResidency
-from .rows import Row, Sink, sample
+from .rows import Row, Sink, deliver, sample
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +201,7 @@ class HFEngine(Prefill, StreamsEvents):
                 return
             if c.kind == "submit":
                 req, sink = c.args
-                Row(req, sink, TextStream(self.tokenizer, ()), None).send(
-                    EngineEvent(finish_reason="error", error="the engine stopped")
-                )
+                deliver(sink, EngineEvent(finish_reason="error", error="the engine stopped"), req.request_id)
 
     def _apply_all(self) -> bool:
         while True:

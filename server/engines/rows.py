@@ -37,10 +37,7 @@ class Row:
     finished: bool = False
 
     def send(self, ev: EngineEvent) -> None:
-        try:
-            self.sink(ev)
-        except Exception:  # a sink whose event loop is gone must not stop the engine
-            log.warning("could not deliver an event of %s", self.req.request_id)
+        deliver(self.sink, ev, self.req.request_id)
 
     def look_up(self, resolve: Callable[[Mix], Mix], prefix: PrefixCache) -> None:
         """Find the longest cached prefix once, before admission (the step's token budget counts the rest)."""
@@ -65,6 +62,13 @@ class Row:
     @property
     def position(self) -> int:  # position id of `last`
         return len(self.req.prompt_ids) + self.out - 1
+
+
+def deliver(sink: Sink, ev: EngineEvent, request_id: str) -> None:
+    try:
+        sink(ev)
+    except Exception:  # a sink whose event loop is gone must not stop the engine
+        log.warning("could not deliver an event of %s", request_id)
 
 
 def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
