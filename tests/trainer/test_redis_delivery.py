@@ -65,7 +65,9 @@ def test_a_job_whose_worker_went_silent_is_run_by_another(redis_url: str) -> Non
     assert enqueuer.depth() == 1  # claimed jobs count: the depth cannot lose them
 
     runs: list[str] = []
-    worker = RedisJobQueue(redis_url, _recording(runs), prefix=prefix, lease_s=0.6)
+    # the dead worker's lease is short; the live one's is long enough to survive a loaded machine (it sweeps
+    # every lease_s / 3)
+    worker = RedisJobQueue(redis_url, _recording(runs), prefix=prefix, lease_s=3.0)
     try:
         done = _ended(enqueuer, job)
         assert done.status == JobStatus.SUCCEEDED, done
@@ -87,7 +89,7 @@ def test_a_job_started_max_tries_times_fails_with_the_reason(redis_url: str) -> 
     enqueuer.update(job)
     _claim_and_die(r, enqueuer, ttl_ms=200)
     runs: list[str] = []
-    worker = RedisJobQueue(redis_url, _recording(runs), prefix=prefix, lease_s=0.6, max_tries=2)
+    worker = RedisJobQueue(redis_url, _recording(runs), prefix=prefix, lease_s=3.0, max_tries=2)
     try:
         done = _ended(enqueuer, job)
         assert done.status == JobStatus.FAILED and done.error_code == "max_tries_exceeded"
