@@ -41,8 +41,8 @@ CONNECTION_TRIES = 3  # a request that could not reach the server is sent again,
 def _ask(client: Any, model: str, task: Task, concurrency: int) -> tuple[list[str], list[str]]:
     """(answers, x-skillpool-route headers), sent concurrently so the server batches them.
 
-    A request whose connection broke is sent again: one "connection reset by peer", while the server was up and
-    answering every other request, ended a 2-hour run. The client is made with max_retries 0, so an error the
+    A request whose connection broke is sent again (a "connection reset by peer" while the server is up and
+    answering every other request ends no run). The client is made with max_retries 0, so an error the
     server answered (4xx, 5xx) or a timeout still ends the run at once; a greedy answer does not depend on which
     try gave it. A server that died fails every try and ends the run too.
     """
