@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 
-# Before torch loads OpenMP: threads that wait sleep instead of spinning. A server runs the engine, the
-# router's MiniLM and a trainer on threads of one process (and a worker may share the cores); with
-# spinning waits their pools fight over the cores: on 2 cores beside another busy process a decode step
-# of SmolLM2 took 244 ms (3.6 s at 16 rows) instead of 40 ms (140 ms).
+# Before torch loads OpenMP: waiting threads sleep instead of spinning, or the thread pools of the engine, the
+# router's MiniLM and a trainer (one process, maybe beside a worker) fight over the cores (docs/serving.md)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402

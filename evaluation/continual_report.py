@@ -30,7 +30,7 @@ def print_table(result: dict[str, Any]) -> None:
         lo, hi = d["ci95"]
         print(f"AP {result['method']} - {label}: {d['AP_diff']:+.1f}, paired 95% interval [{lo:+.1f}, {hi:+.1f}]")
     gap = result.get("auto_minus_forced")
-    if gap:  # issue 18's check: the mix must not dilute the right skill
+    if gap:  # the mix must not dilute the right skill
         print("\nmodel=auto minus the forced skill, final row: " + "  ".join(f"{n} {g:+.1f}" for n, g in gap.items()))
     tm = result["time"]
     print(

@@ -26,7 +26,7 @@ from skillpool.router.router import Decision, Features, Router
 from skillpool.router.sapt import TokenPooler
 
 from .routing_report import plot, print_table
-from .tasks import TEXT_MODES, Task, load_paraphrases, load_task
+from .tasks import TEXT_MODES, Task, add_task_folders, load_paraphrases, load_task
 
 
 def _top(d: Decision) -> str:
@@ -117,13 +117,7 @@ def evaluate(tasks: list[Task], router: Router, replay_fraction: float = 0.02, s
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tasks",
-        type=Path,
-        nargs="+",
-        required=True,
-        help="task folders (train.jsonl + test.jsonl), learned in this order",
-    )
+    add_task_folders(p)
     add_router_flags(p, ("mode",))  # the flags in today's order: `settings` in the JSON keeps its key order
     p.add_argument(
         "--text",

@@ -1,10 +1,12 @@
 """Task folders, the benchmark layout every `skillpool eval` reads: <name>/train.jsonl and <name>/test.jsonl.
 
-One reader (task_lines) for both evaluations; the routed text of a row (task_text) and the routing task.
+One reader (task_lines) and one --tasks flag (add_task_folders) for both evaluations; the routed text of a
+row (task_text) and the routing task.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,17 @@ def task_lines(folder: Path, split: str) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (a task folder holds train.jsonl and test.jsonl)")
     return [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+def add_task_folders(p: argparse.ArgumentParser) -> None:
+    """The --tasks flag every `skillpool eval` takes."""
+    p.add_argument(
+        "--tasks",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="task folders (train.jsonl, test.jsonl), learned in this order",
+    )
 
 
 TEXT_MODES = ("with-instruction", "input-only", "system-message")

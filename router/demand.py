@@ -25,9 +25,8 @@ import numpy as np
 class DemandSettings:
     enabled: bool = True
     max_clusters: int = 64
-    # MiniLM cosine to a centroid at or above which a request joins that cluster. Measured on 30 test prompts each
-    # of imdb, qqp, agnews, boolqa (with instruction): own-centroid cosine 0.48-0.77 (p10 0.39-0.70), best
-    # other task's centroid 0.29-0.43
+    # MiniLM cosine to a centroid at or above which a request joins that cluster: between a task's prompts' cosine
+    # to their own centroid and to another task's
     similarity: float = 0.45
     examples: int = 3  # the most recent prompts kept per cluster
     example_chars: int = 300

@@ -46,8 +46,7 @@ class FormatSettings:
     # prompts: on whole training prompts, instruction included (only the uploaded wording passes)
     source: str = "inputs"
     # min_df for the inputs fit: only near-universal grams (the fields). Free text makes common words ("the",
-    # ".") frequent; at 0.5 they set a threshold so low that amazon's gate let yelp's reviews without "Title:"
-    # pass (120 amazon inputs: 23 grams, threshold -13.9 nats; at 0.95: 8 grams, -5.4, yelp -11.0)
+    # ".") frequent, and a lower min_df lets them set a threshold so low that a look-alike without the fields passes
     input_min_df: float = 0.95
 
     def __post_init__(self) -> None:

@@ -39,8 +39,8 @@ def held_out_best(
 ) -> np.ndarray:
     """Each input's best key score, with the keys fitted on the other folds (input i is in fold_ids' fold).
 
-    In-sample scores are optimistic (the keys were fitted to those very points), which put thresholds
-    too high and sent ~2% of a skill's own new requests to the base model; held-out scores do not.
+    In-sample scores are optimistic (the keys were fitted to those very points): thresholds from them sit
+    too high and send some of a skill's own new requests to the base model; held-out scores do not.
     fitted: if given, receives the keys fitted without each fold, in fold order (nothing when not held out).
     """
     x = np.ascontiguousarray(embeddings, dtype=np.float32)

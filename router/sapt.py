@@ -2,8 +2,7 @@
 
 Query: a pool of the prompt's token embeddings from the backbone's embedding table (a lookup, no
 transformer layers; padding masked, so a decision never depends on the batch it arrived in): SAPT's
-max-pool, or the mean (the default: on the 12 Long Sequence tasks it routed 70-76% top-1 against
-63-64% for max, because a max over hundreds of tokens saturates to nearly the same vector), then
+max-pool, or the mean (the default: a max over hundreds of tokens saturates to nearly the same vector), then
 Linear(d→h) → Linear(h→d) → SiLU → LayerNorm(d). Attention over skills: softmax(key · q / (√d · T)).
 
 Learning skill t (shared attentive learning): the new key and the projector are trained, earlier
@@ -43,15 +42,15 @@ class SAPTSettings:
     weight_decay: float = 0.0
     steps: int = 300  # optimizer steps per learned skill (batches drawn with replacement): cheap, no LLM
     batch_size: int = 32
-    arm_lambda: float = 4.0  # λ of attentive reflection (4 beat 1 with 6 replay inputs per skill)
+    arm_lambda: float = 4.0  # λ of attentive reflection
     pool: str = "mean"  # mean | max over the prompt's token embeddings
     replay: str = "real"  # real: the stored 2% samples | pseudo: inputs from the skill's generator LoRA
     max_tokens: int = 256  # prompt tokens pooled
     seed: int = 0
     # generative feature replay: each skill keeps a Gaussian (mean, top `feature_rank` principal directions,
     # an isotropic rest) of its pooled inputs, and attentive reflection also runs on `generated` draws from
-    # it per earlier skill, not only on the few stored replay inputs (2 of 100 rows), which let later
-    # skills' keys and projector updates carve around an earlier skill: issue 18's drift. 0: SAPT as before.
+    # it per earlier skill, not only on the few stored replay inputs, around which later skills' keys and
+    # projector updates carve (the projector drifts). 0: off, reflection on the replay inputs alone.
     generated: int = 64
     feature_rank: int = 16
 
@@ -242,8 +241,8 @@ class SAPTState:
         """The new key's start (`names`: the blocks, the new one last). The mean projected new input, less the
         mean projected draw from the earlier skills' Gaussians, at the earlier keys' mean norm: a key that
         already tells the new task from the old ones. The plain mean shares the direction every projected
-        input has, so at its norm it took 100% of agnews' inputs before the first step (README sequence, at
-        qqp) and the projector was wrenched from there. Seeded noise without inputs."""
+        input has: at its norm it takes earlier skills' inputs before the first step, and the projector is
+        wrenched from there. Seeded noise without inputs."""
         g = torch.Generator().manual_seed(self.settings.seed + len(names))
         if not len(train):
             return torch.randn(self.dim, generator=g)
@@ -262,8 +261,7 @@ class SAPTState:
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(ā_τ over `names`, pooled inputs of τ: its replay inputs and, given a generator, `generated` fresh
         draws from its stored Gaussian) for every earlier skill τ that has ā and some inputs. Draw anew every
-        step: a fixed set of draws is learned point by point (measured: 98% of 64 fixed agnews draws routed
-        right, 47% of new ones) instead of the region the skill's inputs live in."""
+        step: a fixed set of draws is learned point by point instead of the region the skill's inputs live in."""
         out = []
         for n in names[:-1]:
             if n not in self.mean_attention:

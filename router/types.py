@@ -23,29 +23,25 @@ class RouterSettings:
     mode: str = "dtkr"
     n_keys: int = 8  # K: key slots per skill
     top_k: int = 8  # slots retrieved per request (over all skills)
-    temperature: float = 0.02  # softmax temperature over slot scores (whitened cosines are small: 0.05 mixed too flat)
+    temperature: float = 0.02  # softmax temperature over slot scores: low, as whitened cosines are small
     min_weight: float = 0.05  # skills below this share are dropped and the rest renormalized
-    # ... and so are skills below this fraction of the top skill's share (0: off, the JARe mix as is). Meant for
-    # a similar skill's small share diluting a clearly right one (issue 18: yahoo 92% routed to itself scored 38
-    # via auto vs 46 forced, mixed with agnews). Off by default until a sequence shows it helps: on yelp, boolqa,
-    # amazon, rte, imdb 0.5 changed no score (every request already went to its own skill)
+    # ... and so are skills below this fraction of the top skill's share (0: off, the JARe mix as is): against a
+    # similar skill's small share diluting a clearly right one; off until a sequence shows it helps
     mix_keep_ratio: float = 0.0
     threshold_percentile: float = 2.0  # of the skill's own inputs' best score ...
     threshold_margin: float = 0.05  # ... minus this margin
     calibration_folds: int = 5  # those scores come from keys fitted on the other folds (not in-sample)
     # dtkr: input embeddings kept per skill (with the fold each was held out of, and the keys fitted without
     # each fold) to re-derive its whitened threshold from held-out scores whenever W changes. 300, not 64: the
-    # 1st percentile of 64 scores is their minimum, too noisy for a per-skill threshold (12 Long Sequence
-    # tasks input only, margin 0.05: 64 inputs gave 2.5% / 82.5% seen / unseen fallback, 300 gave 1.7% / 83.1%)
+    # 1st percentile of 64 scores is their minimum, too noisy for a per-skill threshold
     calibration_inputs: int = 300
     white_threshold_percentile: float = 1.0  # of those inputs' best held-out whitened score ...
-    white_threshold_margin: float = 0.07  # ... minus this margin (see the README's input-only sweep)
+    white_threshold_margin: float = 0.07  # ... minus this margin (its sweep: docs/decisions.md)
     # skills stored without fold keys (before held-out calibration): their calibration inputs' in-sample
     # scores (the keys saw them), hence a wider margin
     white_insample_margin: float = 0.15
     # fewer inputs: the raw held-out gate. W is estimated from the skills' own inputs, so with few of them the
-    # calibration sample scores higher than new requests even against held-out keys (2 skills of 100 inputs:
-    # agnews's held-out median 0.85, its next 200 training inputs 0.77)
+    # calibration sample scores higher than new requests even against held-out keys
     white_gate_min_inputs: int = 256
     whiten: bool = True  # dtkr: score in the space whitened by the pooled within-skill covariance
     # Σ ← (1-λ) Σ + λ tr(Σ)/d I keeps W stable with few skills or samples; None: λ = d / (d + inputs seen)

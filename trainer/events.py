@@ -14,25 +14,33 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class SkillRegistered:
+class _VersionEvent:
+    """An event about one version of a skill: on the wire, its `name` and `version`."""
+
     name: str
     version: int
+
+
+@dataclass(frozen=True)
+class SkillRegistered(_VersionEvent):
+    """A worker stored this version: serve it."""
+
+
+@dataclass(frozen=True)
+class SkillActivated(_VersionEvent):
+    """A rollback made this stored version the one served."""
 
 
 @dataclass(frozen=True)
 class SkillRetired:
-    name: str
+    """The skill is no longer served."""
 
-
-@dataclass(frozen=True)
-class SkillActivated:
     name: str
-    version: int
 
 
 @dataclass(frozen=True)
 class Resync:
-    pass
+    """Re-read the store (local only: the listener's periodic resync)."""
 
 
 SkillEvent = SkillRegistered | SkillRetired | SkillActivated | Resync

@@ -1,10 +1,9 @@
 """Hand memory freed after a training job back to the OS.
 
 A training step's activations are many short-lived tensors; glibc keeps the pages they used in its
-arenas after they are freed, so a server that trained one long-sequence task (imdb: ~11 GB peak)
-kept that footprint for good (two such processes on a 24 GB machine were OOM-killed). So after
-every job (and every in-process baseline fit) we collect and trim once: load_tests/bench_memory.py
-measured 10.9 GB held after an imdb job without it, 1.3 GB with it.
+arenas after they are freed, so a server that trained one long-sequence task kept that peak
+footprint for good. So after every job (and every in-process baseline fit) we collect and trim once
+(what it saves: docs/decisions.md, the heap trim).
 """
 
 from __future__ import annotations

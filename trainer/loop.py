@@ -67,7 +67,7 @@ class Schedule:
     # recompute each decoder layer's activations in backward instead of keeping them (TrainConfig's
     # gradient_checkpointing); None ("auto"): on the CPU, for the steps whose padded batch (rows × width) holds
     # at least `checkpoint_tokens` tokens. Those set the peak; shorter ones fit without it and pay the most for
-    # it (on 2 cores 1.67× a step at 1,024 tokens, 1.22× at 4,096: load_tests/bench_checkpointing.py)
+    # it (measured: docs/decisions.md)
     checkpointing: bool | None = None
     checkpoint_tokens: int = 2048
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from skillpool.cli.main import main
-from skillpool.evaluation import continual
-from skillpool.evaluation.baselines import logged_result, logged_training
-from skillpool.evaluation.continual import Task, _reference_single, earlier_steps, server_argv
+from skillpool.evaluation import continual_sequence
+from skillpool.evaluation.baselines import logged_result
+from skillpool.evaluation.continual import _reference_single
+from skillpool.evaluation.continual_task import Task
 from skillpool.evaluation.progress_log import ProgressLog, read_log
 from skillpool.trainer.config import TrainConfig
 from tests.conftest import dataset_dir
@@ -218,21 +217,6 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         main([*base, "--baselines", "seq,nope"])
 
 
-def test_server_args_reach_the_server_after_the_runs_own_flags(tmp_path: Path) -> None:
-    args = argparse.Namespace(model=tmp_path, server_argv=["--max-batch-size", "64", "--router-top-k", "1"])
-    assert server_argv(args, "dtkr") == [
-        "--router-mode",
-        "dtkr",
-        "--model",
-        str(tmp_path),
-        "--max-batch-size",
-        "64",
-        "--router-top-k",
-        "1",
-    ]
-    assert server_argv(argparse.Namespace(model=None), "sapt") == ["--router-mode", "sapt"]
-
-
 def test_bad_server_args_are_refused_before_a_server_starts(tmp_path: Path) -> None:
     base = ["eval", "continual", "--tasks", str(tmp_path), "--json", str(tmp_path / "o.json")]
     with pytest.raises(SystemExit, match="--server-args: No closing quotation"):
@@ -258,17 +242,17 @@ def test_resume_goes_on_after_a_cut_with_what_the_cut_run_measured_and_trained(
     """A run cut after qqp was trained but before it was scored (a GPU lease ended), then resumed: sst-2's step
     comes from the log, qqp's skill from the data dir, and nothing is trained twice; seq, which the cut run never
     reached, runs whole. Resumed once more, with everything measured, it trains and scores nothing."""
-    ask = continual._ask
+    ask = continual_sequence._ask
 
     def cut(client, model, task, concurrency):  # type: ignore[no-untyped-def]
         if task.name == "qqp":
             raise RuntimeError("the lease ended")
         return ask(client, model, task, concurrency)
 
-    monkeypatch.setattr(continual, "_ask", cut)
+    monkeypatch.setattr(continual_sequence, "_ask", cut)
     with pytest.raises(RuntimeError, match="the lease ended"):
         run(tmp_path, tiny_base, "isolated", "--baselines", "oracle,seq")
-    monkeypatch.setattr(continual, "_ask", ask)
+    monkeypatch.setattr(continual_sequence, "_ask", ask)
     path = tmp_path / "isolated.progress.jsonl"
     cut_log = read_log(path)
     assert [x["side"] for x in cut_log] == ["run", "isolated", "forced"]  # sst-2's step only
@@ -317,46 +301,6 @@ def job_records(data_dir: Path) -> list[dict]:  # type: ignore[type-arg]
     return sorted(records, key=lambda j: j["finished_at"] or 0)
 
 
-def test_resume_keeps_the_tasks_scored_whole_and_the_sides_that_finished() -> None:
-    setup = {"tasks": ["a", "b", "c"], "test_limit": 2}
-
-    def line(side: str, after: str, **rows: list[float]) -> dict:  # type: ignore[type-arg]
-        return {"side": side, "after": after, "rows": rows}
-
-    lines = [
-        {"side": "run", "setup": setup},
-        line("kif", "a", a=[100.0, 0.0]),
-        line("forced", "a", a=[100.0, 100.0]),
-        line("seq", "a", a=[0.0, 0.0]),
-        line("single", "a", a=[0.0, 100.0]),
-        line("kif", "b", a=[100.0, 0.0], b=[0.0, 0.0]),  # b's forced line never came: the cut fell between
-        line("single", "b", b=[100.0, 100.0]),
-        line("single", "c", c=[0.0, 0.0]),
-        line("mtl", "c", a=[0.0, 0.0], b=[0.0, 0.0], c=[100.0, 0.0]),
-    ]
-    earlier = earlier_steps(lines, setup, "kif", ["a", "b", "c"], ["single", "seq", "mtl"])
-    assert earlier.server == [(lines[1], lines[2])]
-    assert earlier.sides == {"single": [lines[4], lines[6], lines[7]], "mtl": [lines[8]]}  # seq stopped after a
-    assert earlier.lines() == [lines[i] for i in (1, 2, 4, 6, 7, 8)]
-    assert logged_result("single", earlier.sides["single"], ["a", "b", "c"]) == [
-        [0.0, 100.0],
-        [100.0, 100.0],
-        [0.0, 0.0],
-    ]
-    assert logged_result("mtl", earlier.sides["mtl"], ["a", "b", "c"]) == [[0.0, 0.0], [0.0, 0.0], [100.0, 0.0]]
-    # a kept side's training: its lines' seconds and tokens; a line from before lines carried them is counted
-    timed = [{**x, "train_s": 1.5 * i, "train_tokens": 10 * i} for i, x in enumerate(earlier.sides["single"])]
-    assert logged_training(timed) == (4.5, 30, 0)
-    assert logged_training([timed[0], timed[1], lines[7]]) == (1.5, 10, 1)
-    # a step measured again (a resumed run that was cut too): the later line
-    again = line("forced", "a", a=[0.0, 100.0])
-    assert earlier_steps([*lines, again], setup, "kif", ["a", "b", "c"], []).server == [(lines[1], again)]
-    with pytest.raises(SystemExit, match="the cut run had test_limit 2, this one 3"):
-        earlier_steps(lines, {**setup, "test_limit": 3}, "kif", ["a", "b", "c"], [])
-    with pytest.raises(SystemExit, match="does not start with its run's setup"):
-        earlier_steps(lines[1:], setup, "kif", ["a", "b", "c"], [])
-
-
 def test_resume_needs_the_cut_runs_data_dir_and_log(tmp_path: Path) -> None:
     base = ["eval", "continual", "--tasks", str(tmp_path), "--json", str(tmp_path / "o.json"), "--resume"]
     with pytest.raises(SystemExit, match="--resume: give the cut run's --data-dir"):
@@ -364,80 +308,3 @@ def test_resume_needs_the_cut_runs_data_dir_and_log(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     with pytest.raises(SystemExit, match="--resume: no progress log .*o.progress.jsonl"):
         main([*base, "--data-dir", str(tmp_path / "data")])
-
-
-class FlakyChat:
-    """A real HTTP endpoint for chat completions that resets the connection of its first `resets` requests (as a
-    server closing an idle keep-alive connection while the client reuses it does) and answers "a" after that;
-    `delay` seconds before each answer."""
-
-    def __init__(self, resets: int, delay: float = 0.0) -> None:
-        import socket
-        import struct
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.calls = 0
-        lock = threading.Lock()
-        flaky = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    flaky.calls += 1
-                    reset = flaky.calls <= resets
-                if reset:  # SO_LINGER 0: close() sends a RST, so the client reads "connection reset by peer"
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    self.connection.close()
-                    self.close_connection = True
-                    return
-                time.sleep(delay)
-                message = {"role": "assistant", "content": "a"}
-                reply = {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"]}
-                reply["choices"] = [{"index": 0, "message": message, "finish_reason": "stop"}]
-                data = json.dumps(reply).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("x-skillpool-route", "t=1.000")
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def client(self, timeout: float = 30) -> Any:
-        from openai import OpenAI
-
-        return OpenAI(base_url=self.url, api_key="unused", max_retries=0, timeout=timeout)  # as eval continual's
-
-
-def test_ask_sends_again_a_request_whose_connection_was_reset() -> None:
-    from openai import APIConnectionError, APITimeoutError
-
-    task = Task("t", b"", [], [{"messages": [{"role": "user", "content": "q"}], "answer": "a"}] * 3, "exact_match")
-    # two resets: the run's first try fails whether or not the client's transport sends a reset request twice
-    flaky = FlakyChat(resets=2)
-    try:
-        assert continual._ask(flaky.client(), "auto", task, 1) == (["a"] * 3, ["t=1.000"] * 3)
-    finally:
-        flaky.server.shutdown()
-    dead = FlakyChat(resets=10**6)  # every request reset: after CONNECTION_TRIES the error ends the run
-    try:
-        with pytest.raises(APIConnectionError):
-            continual._ask(dead.client(), "auto", task, 1)
-        assert dead.calls >= continual.CONNECTION_TRIES
-    finally:
-        dead.server.shutdown()
-    slow = FlakyChat(resets=0, delay=1.0)  # a timeout is the server being slow, not gone: not sent again
-    try:
-        with pytest.raises(APITimeoutError):
-            continual._ask(slow.client(timeout=0.2), "auto", task, 1)
-        assert slow.calls < continual.CONNECTION_TRIES  # not ours to send again (the transport may, once)
-    finally:
-        slow.server.shutdown()
