@@ -33,9 +33,9 @@ def main() -> int:
     from skillpool.adapters_store.base_model import resolve_base_model, resolve_device
     from skillpool.trainer.config import TrainConfig
     from skillpool.trainer.datasets import parse_jsonl
-    from skillpool.trainer.kif import KIF, KIFSettings
     from skillpool.trainer.loop import Method, TrainLoop
     from skillpool.trainer.lora_train import add_lora, encode_example, pad_id, schedule_of
+    from skillpool.trainer.methods.kif import KIF, KIFSettings
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=64, help="yelp training rows: rows / batch size task steps")

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from skillpool.trainer.config import ConfigError, TrainConfig, method_error
+from skillpool.trainer.config import ConfigError, TrainConfig
 from skillpool.trainer.jobs import Job, new_job_id
+from skillpool.trainer.methods import method_error
 from skillpool.trainer.records import JobStatus
 
 from .auth import Principal, denial

@@ -6,22 +6,10 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-METHODS = ("isolated", "sapt", "kif")  # see trainer/skill_trainer.py
+METHODS = ("isolated", "sapt", "kif")  # each name has its class in trainer/methods (which checks a job's method)
 DEFAULT_METHOD = "isolated"
-KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/skill_trainer.py
+KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/methods/kif.py
 CHECKPOINTING = {"auto": None, "on": True, "off": False}  # TrainConfig.gradient_checkpointing → Schedule's
-
-
-def method_error(method: str, router_mode: str) -> str | None:
-    """Why `method` cannot train under a router in `router_mode`, or None when it can."""
-    if method not in METHODS:
-        return f"method must be one of {', '.join(METHODS)}, got {method!r}"
-    if method == "sapt" and router_mode != "sapt":
-        return (
-            f"method sapt trains the block inside the sapt router's attention, but this server routes with "
-            f"{router_mode!r}: start the server (and workers) with --router-mode sapt"
-        )
-    return None
 
 
 class ConfigError(ValueError):
@@ -41,10 +29,8 @@ class TrainConfig:
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     max_seq_len: int = 512
     # recompute each decoder layer's activations in backward instead of keeping them. "auto": on the CPU for
-    # the steps whose padded batch holds at least 2,048 tokens (Schedule.checkpoint_tokens), off on a GPU. On 2
-    # CPU cores (load_tests/bench_checkpointing.py, yelp's 512-token rows) a step's peak fell 9.0 → 3.6 GiB at
-    # 1.22× the time with 8 rows a batch, 5.1 → 2.4 GiB at 1.30× with 4, 3.1 → 1.7 GiB at 1.67× with 2: smaller
-    # batches fit without it and pay the most for it. Not measured on a GPU
+    # the steps whose padded batch holds at least 2,048 tokens (Schedule.checkpoint_tokens), off on a GPU:
+    # smaller batches fit without it and pay the most for it (docs/decisions.md#gradient-checkpointing-auto)
     gradient_checkpointing: str = "auto"
     warmup_ratio: float = 0.06
     weight_decay: float = 0.0
@@ -57,10 +43,10 @@ class TrainConfig:
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
     quality_z: float = 1.645  # ... and the gain's lower bound (mean - z * standard error) must be > 0 (0 disables)
     quality_max_drop: float = 0.1  # an earlier skill's routed probe score may drop by at most this
-    # method kif (trainer/kif.py): Recurrent-KIF
+    # method kif (trainer/methods/kif.py): Recurrent-KIF
     kif_inner_steps: int = 8  # Q inner steps on the new task per outer step on the memory buffer
     # share of each tensor's coordinates kept by each importance mask; 1.0 keeps the whole update: a block here
-    # is its task's own and earlier blocks are frozen, so masking only cut what the new task learns (issue 18)
+    # is its task's own and earlier blocks are frozen, so masking only cuts what the new task learns
     kif_top_q: float = 1.0
     kif_ema_in: float = 0.55  # α: EMA of the new task's importance
     kif_ema_hist: float = 0.55  # β: EMA of the memory's importance
@@ -68,14 +54,14 @@ class TrainConfig:
     kif_start_probe: int = 16  # new-task rows that score the candidate starts (0: always the blocks' mix)
     kif_start_margin: float = 0.02  # a start from blocks must beat fresh's probe loss by this share
     # > 0: the probe's pick and fresh each train this many cycles, then the lower held-out loss (by the margin)
-    # trains on. Off by default: on the README sequence it kept qqp fresh (48) where mnli's block gave 70
+    # trains on. Off by default: it also kept fresh a task a block's start served better (docs/continual-learning.md)
     kif_start_trial: int = 0
     # where the block starts: "similar" (the probe's pick among the nearest blocks, their mix and fresh) or "latest"
     # (the newest earlier block of the task's answer kind, taken whole, no probe). "latest" chains the blocks the
     # way one LoRA trained in turn carries its transfer, with every step frozen as its task's own block. Off by
-    # default: on the yelp sequence it moved AP by +0.8 and 0.0 at two seeds
+    # default: it hardly moved the sequences' average score (docs/continual-learning.md)
     kif_start: str = "similar"
-    # method sapt (trainer/attentive.py)
+    # method sapt (trainer/methods/sapt.py)
     sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss
 
     @classmethod

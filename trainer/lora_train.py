@@ -1,5 +1,5 @@
-"""Isolated LoRA training of one skill block with PEFT (loss on answer tokens only): the PEFT side of
-training (encoding chats, injecting and saving the block); the steps themselves are loop.py's."""
+"""The PEFT side of training a skill block (loss on answer tokens only), shared by every method: encoding chats,
+injecting and saving the block, and `fit`, plain training; the steps themselves are loop.py's."""
 
 from __future__ import annotations
 

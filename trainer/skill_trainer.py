@@ -1,20 +1,6 @@
-"""One training job, start to finish: split, router keys, the new block (isolated | sapt | kif), the quality
-gate (held-out bar, earlier skills re-checked through the routed path), then one atomic store write.
-
-Methods:
-  isolated  a fresh LoRA block trained on the task alone.
-  sapt      SAPT attentive learning: the block trains inside the attention mix of every earlier block
-            (frozen) with its key and the query projector, plus attentive reflection (trainer/attentive.py).
-            Needs the router in sapt mode: serving mixes blocks with that same attention.
-  kif       Recurrent-KIF: the block starts from the most similar blocks whose answers are of the new task's
-            kind (label set or free text; one alone or their router-weighted mix) when that lowers the new
-            task's loss before training, else fresh (trainer/kif.py), and
-            trains in cycles of inner steps on the task and an outer step on the memory buffer (the stored
-            samples of every earlier skill of the same answer kind), fused through importance masks that by
-            default keep the whole update (kif_top_q 1.0: earlier blocks are frozen, nothing for a mask to
-            guard).
-All three run on one training loop (trainer/loop.py); each is a `Method` with its own hooks.
-"""
+"""One training job, start to finish: split, router keys, the new block (a training method: isolated, kif or
+sapt, trainer/methods), the quality gate (held-out bar, earlier skills re-checked through the routed path),
+then one atomic store write."""
 
 from __future__ import annotations
 
@@ -25,24 +11,22 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_device
-from skillpool.adapters_store.lora import load_peft_adapter, save_peft_adapter
+from skillpool.adapters_store.lora import load_peft_adapter
 from skillpool.adapters_store.store import SkillDraft, SkillRecord, SkillStore
 from skillpool.router import Router
 
-from .attentive import train_attentive
-from .config import TrainConfig, method_error
+from .config import TrainConfig
 from .judge import Judge, LocalJudge
-from .kif import KIFSettings, StartTrial, choose_start, init_from_blocks, train_kif
 from .loop import Progress, stop_check
-from .lora_train import add_lora, encode_example, fit_config, pad_id, save_adapter, schedule_of
+from .methods import BlockJob, TrainingMethod, method_error, method_for
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
 from .records import Example
-from .scoring import metric_for
 
 log = logging.getLogger(__name__)
 
@@ -63,23 +47,6 @@ def split_examples(
         held, train = shuffled[:n_eval], shuffled[n_eval:]
     replay = rng.sample(train, max(1, round(len(train) * cfg.replay_fraction))) if train else []
     return train, held, replay, held[: cfg.probe_size]
-
-
-def _unlike_answers(records: list[SkillRecord], kind: str) -> set[str]:
-    """Skills among `records` whose answers are of another kind than `kind` (a label set, scored by exact match,
-    against free text, scored by ROUGE-L): no start for a new kif block (issue 18). A label block lowers a
-    free-text task's loss before training only because it makes answers short: on the SuperNI sequence the
-    probe chose one for every free-text task, and sciq scored 8.7 from sentiment140's block, 11.5 fresh.
-    Nor are their rows in its memory buffer."""
-    return {rec.name for rec in records if (rec.meta.get("eval") or {}).get("metric") not in (None, kind)}
-
-
-def _latest(records: list[SkillRecord], exclude: set[str]) -> dict[str, float]:
-    """kif_start "latest": the newest of `records` outside `exclude`, whole ({} when none). Started from it, each
-    block continues the one before, as one LoRA trained on the tasks in turn does (the yelp sequence's imdb: 92
-    after four tasks in turn, 76 alone), and stays frozen as its task's block, so nothing it knew is lost."""
-    newest = max((r for r in records if r.name not in exclude), key=lambda r: r.meta.get("created", 0.0), default=None)
-    return {newest.name: 1.0} if newest is not None else {}
 
 
 def _copy_files(src: Path, dst: Path) -> None:
@@ -135,10 +102,11 @@ class SkillTrainer:
         model = model.to(device)  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         return model, tok
 
-    def check_method(self, method: str) -> None:
+    def _method(self, method: str) -> TrainingMethod:
         error = method_error(method, self.router.settings.mode)
         if error:
             raise ValueError(error)
+        return method_for(method)
 
     def run(
         self,
@@ -156,187 +124,90 @@ class SkillTrainer:
         `extra_meta` goes into meta.json as is (e.g. the OpenAI `fine_tuned_model` id the skill answers to)."""
         check = stop_check(should_stop)
         check()
-        self.check_method(method)
+        training_method = self._method(method)
         train, held, replay, probe = split_examples(examples, cfg)
+        router_tensors, router_meta = self._keys(train, check)
+        check()
+        model, tok = self._load_base()
+        pseudo = self._pseudo(model, tok, train, len(replay), cfg, should_stop)
+        check()
+        with self.store.scratch("block-") as folder:  # on the data dir's disk, swept at start if we are killed
+            job = BlockJob(
+                name,
+                train,
+                held,
+                cfg,
+                model,
+                tok,
+                folder,
+                self.base.model_id,
+                self.store,
+                self.router,
+                _touching(folder, on_progress),
+                should_stop,
+                check,
+            )
+            if self.router.mode.learns_projector and not training_method.learns_router_key:
+                # the block trains alone; the router still learns its key
+                tensors, router_meta["sapt_attention"] = self.router.prepare_sapt(
+                    name, [e["route_text"] for e in train], [e["route_text"] for e in held], job.replay_inputs(), check
+                )
+                router_tensors.update(tensors)
+            block = training_method.train(job)
+            router_tensors.update(block.router_tensors)
+            if block.attention is not None:
+                router_meta["sapt_attention"] = block.attention
+            check()
+            adapter, attention = load_peft_adapter(folder), router_meta.get("sapt_attention")
+            quality = self._gate(
+                name, block.model, tok, adapter, train, held, cfg, router_tensors, attention, force, check
+            )
+            check()
+            meta = {
+                **(extra_meta or {}),
+                "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
+                "training": {"method": method, "config": cfg.to_dict(), **block.training},
+                "eval": quality["new"],
+                "quality": quality,
+                "samples": {
+                    "total": len(examples),
+                    "train": len(train),
+                    "eval": len(held),
+                    "replay": len(replay),
+                    "probe": len(probe),
+                },
+                "router": router_meta,
+            }
+            write_adapter = partial(_copy_files, folder)
+            return self.store.write(SkillDraft(name, write_adapter, router_tensors, meta, replay, probe, pseudo))
+
+    def _keys(self, train: list[Example], check: Callable[[], None]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The skill's router tensors from its training rows, and the router's part of its meta."""
         if self.sync_router:
             self._sync_router()
-        train_texts = [e["route_text"] for e in train]
         router_tensors = self.router.prepare_keys(  # inputs and answers: gate on fields and labels, not wording
-            train_texts,
+            [e["route_text"] for e in train],
             [str(e.get("route_input", e["route_text"])) for e in train],
             [str(e["answer"]) for e in train],
             check,
         )
-        router_meta: dict[str, Any] = {
-            "mode": self.router.settings.mode,
-            "threshold": float(router_tensors["threshold"][0]),
-        }
-        training: dict[str, Any] = {"method": method, "config": cfg.to_dict()}
-        check()
-        model, tok = self._load_base()
-        pseudo: list[str] = []
-        if self.router.mode.learns_projector and self.router.settings.sapt.replay == "pseudo":
-            # this skill's own pseudo inputs, replayed when later skills learn
-            pseudo = pseudo_replay(model, tok, train_texts, len(replay), GeneratorConfig(seed=cfg.seed), should_stop)
-        check()
-        with self.store.scratch("block-") as folder:  # on the data dir's disk, swept at start if we are killed
-            report = _touching(folder, on_progress)
-            if method == "sapt":
-                held_texts, replay_texts, pool = (
-                    [e["route_text"] for e in held],
-                    self._replay_inputs(name),
-                    self.router.pooler,
-                )
-                assert pool is not None
-                # router-only stage first (SAPT's settings.steps of CE + ARM): the LM steps alone are too few to place the key
-                warm = self.router.sapt_state().learn(
-                    name,
-                    pool(train_texts),
-                    pool(held_texts),
-                    {n: pool(t) for n, t in replay_texts.items() if t},
-                    check,
-                )
-                result = train_attentive(
-                    model,
-                    tok,
-                    name,
-                    train,
-                    held_texts,
-                    cfg,
-                    warm,
-                    pool,
-                    {n: self._record(n).adapter() for n in warm.names if n != name},
-                    replay_texts,
-                    route_weight=cfg.sapt_route_weight,
-                    on_progress=report,
-                    should_stop=should_stop,
-                )
-                save_peft_adapter(
-                    result.adapter, folder, self.base.model_id, cfg.alpha, cfg.target_modules, cfg.dropout
-                )
-                router_tensors.update(result.state.skill_tensors(name))
-                router_meta["sapt_attention"] = result.state.mean_attention[name]
-            else:
-                if self.router.mode.learns_projector:  # the block trains alone; the router still learns its key
-                    tensors, mean_attention = self.router.prepare_sapt(
-                        name, train_texts, [e["route_text"] for e in held], self._replay_inputs(name), check
-                    )
-                    router_tensors.update(tensors)
-                    router_meta["sapt_attention"] = mean_attention
-                peft_model = add_lora(model, cfg.rank, cfg.alpha, cfg.dropout, cfg.target_modules, cfg.seed)
-                if method == "kif":
-                    training["kif"] = self._train_kif(name, peft_model, tok, train, held, cfg, report, should_stop)
-                else:
-                    fit_config(peft_model, tok, train, cfg, report, should_stop)
-                save_adapter(peft_model, folder, self.base.model_id)
-                model = cast(Any, peft_model).unload()  # the plain base model again, for the gate's routed generation
-            attention = router_meta.get("sapt_attention")
-            check()
-            quality = self._gate(
-                name, model, tok, load_peft_adapter(folder), train, held, cfg, router_tensors, attention, force, check
-            )
-            check()
-            draft = SkillDraft(
-                name=name,
-                write_adapter=lambda dst: _copy_files(folder, dst),
-                router_tensors=router_tensors,
-                meta={
-                    **(extra_meta or {}),
-                    "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
-                    "training": training,
-                    "eval": quality["new"],
-                    "quality": quality,
-                    "samples": {
-                        "total": len(examples),
-                        "train": len(train),
-                        "eval": len(held),
-                        "replay": len(replay),
-                        "probe": len(probe),
-                    },
-                    "router": router_meta,
-                },
-                replay=replay,
-                probe=probe,
-                pseudo=pseudo,
-            )
-            return self.store.write(draft)
+        router_meta = {"mode": self.router.settings.mode, "threshold": float(router_tensors["threshold"][0])}
+        return router_tensors, router_meta
 
-    def _record(self, name: str) -> SkillRecord:
-        rec = self.store.serving(name)  # the version that serves (a rollback may pin an older one)
-        if rec is None:
-            raise KeyError(f"skill {name!r} is in the router but not in the store at {self.store.root}")
-        return rec
-
-    def _train_kif(
+    def _pseudo(
         self,
-        name: str,
-        peft_model: Any,
+        model: Any,
         tok: Any,
         train: list[Example],
-        held: list[Example],
+        n: int,
         cfg: TrainConfig,
-        on_progress: Callable[[Progress], None] | None,
         should_stop: Callable[[], bool] | None,
-    ) -> dict[str, Any]:
-        """Recurrent-KIF on the new block: seeded from similar blocks where the probe (and the trial, if on) says
-        that helps, or from the newest block of its answer kind (kif_start "latest"); fused against the memory."""
-        kind = metric_for([e["answer"] for e in train])
-        earlier = [rec for rec in self.store.list_latest() if rec.name != name]  # one read: starts and memory
-        unlike = _unlike_answers(earlier, kind)
-        similar = cfg.kif_start == "similar"  # else "latest": no probe, no trial
-        if similar:
-            seeds = self._similar_skills(name, [e["route_text"] for e in train], cfg.kif_init_blocks, unlike)
-        else:
-            seeds = _latest(earlier, unlike) if cfg.kif_init_blocks > 0 else {}
-        encoded = [encode_example(tok, e, cfg.max_seq_len) for e in train]
-        trial_rows = similar and cfg.kif_start_trial > 0
-        held_out = [encode_example(tok, e, cfg.max_seq_len) for e in held] if trial_rows else []
-        can_trial = bool(held_out)  # the trial is on and has rows to judge by
-        start: dict[str, Any] = {"init_from": seeds, "answers": kind, "unlike_answers": sorted(unlike)}
-        start["start"] = cfg.kif_start
-        trial: StartTrial | None = None
-        if seeds and cfg.kif_start_probe > 0 and similar:
-            probe = random.Random(cfg.seed).sample(encoded, min(cfg.kif_start_probe, len(encoded)))
-            blocks = {n: (self._record(n).adapter(), w) for n, w in seeds.items()}
-            choice = choose_start(peft_model, blocks, probe, pad_id(tok), cfg.kif_start_margin, apply=not can_trial)
-            start |= {"init_from": choice.blocks, "start_candidates": choice.candidates}
-            if choice.blocks and can_trial:  # the probe's pick against fresh, judged again after training
-                adapters = {n: blocks[n][0] for n in choice.blocks}
-                trial = StartTrial(adapters, [{}, choice.blocks], held_out, cfg.kif_start_margin, cfg.kif_start_trial)
-        elif seeds:
-            init_from_blocks(peft_model, [(self._record(n).adapter(), w) for n, w in seeds.items()])
-        # the memory holds only skills of the new task's answer kind: label rows replayed into a free-text block
-        # pull it toward short answers (SuperNI: sciq 12.7 with sst-2's and sentiment140's rows, 13.5 alone)
-        remembered = [rec for rec in earlier if rec.name not in unlike]
-        memory = [encode_example(tok, e, cfg.max_seq_len) for rec in remembered for e in rec.replay()]
-        settings = KIFSettings(
-            cfg.kif_inner_steps, cfg.kif_ema_in, cfg.kif_ema_hist, cfg.kif_top_q, cfg.kif_init_blocks
-        )
-        schedule = schedule_of(cfg)
-        finalists = train_kif(
-            peft_model, encoded, memory, pad_id(tok), schedule, settings, trial, on_progress, should_stop
-        )
-        if finalists:
-            kept = next(f["blocks"] for f in finalists if f.get("kept"))
-            start |= {"init_from": kept, "start_trial": finalists}
-        return {**start, "memory_examples": len(memory), "memory_skills": len(remembered)}
-
-    def _similar_skills(
-        self, name: str, texts: list[str], k: int, exclude: set[str] | None = None, sample: int = 64
-    ) -> dict[str, float]:
-        """The k registered skills nearest to these inputs (none of `exclude`), by mean mix weight (normalized).
-        Ungated: the new task's inputs are unseen, so the open-set and format gates would send most of them to
-        the base model."""
-        if k <= 0 or not texts:
-            return {}
-        share: dict[str, float] = {}
-        for d in self.router.route(texts[:sample], open_set=False):
-            for skill, w in d.route:
-                if skill != name and skill not in (exclude or ()):
-                    share[skill] = share.get(skill, 0.0) + w
-        top = sorted(share.items(), key=lambda kv: -kv[1])[:k]
-        total = sum(w for _, w in top)
-        return {s: w / total for s, w in top} if total > 0 else {}
+    ) -> list[str]:
+        """This skill's own pseudo inputs, replayed when later skills learn (sapt replay "pseudo"), else none."""
+        if not (self.router.mode.learns_projector and self.router.settings.sapt.replay == "pseudo"):
+            return []
+        texts = [e["route_text"] for e in train]
+        return pseudo_replay(model, tok, texts, n, GeneratorConfig(seed=cfg.seed), should_stop)
 
     def _gate(
         self,
@@ -372,14 +243,3 @@ class SkillTrainer:
         """Load every stored skill's router tensors: the SAPT state a new skill learns on top of."""
         for rec in self.store.list_latest():
             self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
-
-    def _replay_inputs(self, name: str) -> dict[str, list[str]]:
-        """Earlier skills' replay inputs for attentive reflection: their stored real samples, or their
-        generated pseudo inputs when the setting asks for them and the skill has some."""
-        out: dict[str, list[str]] = {}
-        for rec in self.store.list_latest():
-            if rec.name == name:
-                continue
-            pseudo = rec.pseudo() if self.router.settings.sapt.replay == "pseudo" else []
-            out[rec.name] = [str(p) for p in pseudo] or [str(e["route_text"]) for e in rec.replay()]
-        return out

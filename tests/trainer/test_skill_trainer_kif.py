@@ -9,6 +9,7 @@ from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router, RouterSettings
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
+from skillpool.trainer.methods.kif_start import similar_skills
 from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import dataset_dir
 
@@ -45,7 +46,8 @@ def test_kif_never_starts_a_free_text_task_from_a_label_block(tiny_base, embedde
     first = trainer.run("agnews", examples("agnews", 40), cfg, "isolated", force=True)
     trainer.router.add_skill(first.name, first.router_tensors())
     sciq = examples("task591_sciq_answer_generation", 40, "superni")  # free-text answers, scored by ROUGE-L
-    assert trainer._similar_skills("sciq", [e["route_text"] for e in sciq], 3) == {"agnews": 1.0}  # the nearest
+    nearest = similar_skills(trainer.router, "sciq", [e["route_text"] for e in sciq], 3)
+    assert nearest == {"agnews": 1.0}
     rec = trainer.run("sciq", sciq, cfg, "kif", force=True)
     kif = rec.meta["training"]["kif"]
     assert kif["answers"] == "rouge_l" and kif["unlike_answers"] == ["agnews"]

@@ -14,10 +14,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from skillpool.adapters_store.lora import LoRAAdapter, load_peft_adapter, save_peft_adapter
 from skillpool.adapters_store.mixing import LoRABank, MixedLoRALinear, weighted_mix
 from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
-from skillpool.trainer.attentive import new_block, train_attentive
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.loop import Cancelled, Progress, answer_loss, checkpointing_active, collate
 from skillpool.trainer.lora_train import encode_example, pad_id
+from skillpool.trainer.methods.sapt import new_block, train_attentive
 from tests.adapters_store.test_lora import tiny_llama
 
 # the tiny random LLaMA learns slowly (near-uniform logits, embeddings of std 0.02): large rates, few steps

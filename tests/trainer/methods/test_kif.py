@@ -10,18 +10,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.kif import (
-    KIF,
-    KIFSettings,
-    StartTrial,
-    choose_start,
-    fit_kif,
-    init_from_blocks,
-    probe_loss,
-    train_kif,
-)
 from skillpool.trainer.loop import Cancelled, Progress, Schedule, TrainLoop, answer_loss, collate
 from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id
+from skillpool.trainer.methods.kif import KIF, KIFSettings, StartTrial, train_kif
+from skillpool.trainer.methods.kif_start import choose_start, init_from_blocks, probe_loss
 
 TARGETS = ("q_proj", "v_proj")
 Encoded = tuple[list[int], list[int]]
@@ -89,18 +81,8 @@ def new_delta(mod: nn.Module) -> torch.Tensor:
 def one_cycle(model: nn.Module, tok, settings: KIFSettings, on_progress) -> None:  # type: ignore[no-untyped-def]
     """Task B's 4 examples at batch size 2 with task A as memory: with inner_steps=2, exactly one cycle of two
     task steps, then one outer step."""
-    fit_kif(
-        model,
-        encode(tok, TASK_B),
-        encode(tok, TASK_A),
-        pad_id(tok),
-        epochs=1.0,
-        batch_size=2,
-        learning_rate=1e-2,
-        seed=0,
-        settings=settings,
-        on_progress=on_progress,
-    )
+    schedule = Schedule(epochs=1.0, batch_size=2, learning_rate=1e-2, seed=0)
+    train_kif(model, encode(tok, TASK_B), encode(tok, TASK_A), pad_id(tok), schedule, settings, on_progress=on_progress)
 
 
 def test_init_from_blocks_is_the_best_low_rank_fit_of_the_weighted_mix(tiny_base) -> None:  # type: ignore[no-untyped-def]
@@ -151,7 +133,8 @@ def test_empty_memory_is_plain_fit(tiny_base, tok) -> None:  # type: ignore[no-u
     data = encode(tok, TASK_A + TASK_B)
     args = {"epochs": 2.0, "batch_size": 3, "learning_rate": 1e-2, "seed": 7, "warmup_ratio": 0.2}
     plain = fit(peft_model(tiny_base, rank=2), data, pad_id(tok), **args)  # type: ignore[arg-type]
-    kif = fit_kif(peft_model(tiny_base, rank=2), data, [], pad_id(tok), **args)  # type: ignore[arg-type]
+    kif = peft_model(tiny_base, rank=2)
+    train_kif(kif, data, [], pad_id(tok), Schedule(**args))  # type: ignore[arg-type]
     a, b = trainable(plain), trainable(kif)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not kif.training
@@ -250,16 +233,13 @@ def test_progress_counts_outer_steps_and_stop_cancels(tiny_base, tok) -> None:  
 
     # 5 examples at batch size 2: 3 inner steps = one cycle of 2 + a partial cycle of 1, so 2 outer steps
     with pytest.raises(Cancelled):
-        fit_kif(
+        train_kif(
             model,
             encode(tok, TASK_B + TASK_C[:1]),
             encode(tok, TASK_A),
             pad_id(tok),
-            epochs=1.0,
-            batch_size=2,
-            learning_rate=1e-2,
-            seed=0,
-            settings=KIFSettings(inner_steps=2),
+            Schedule(epochs=1.0, batch_size=2, learning_rate=1e-2, seed=0),
+            KIFSettings(inner_steps=2),
             on_progress=seen.append,
             should_stop=stop,
         )
@@ -286,7 +266,8 @@ def test_memory_replay_protects_the_earlier_task(tiny_base, tok) -> None:  # typ
         args = {"epochs": 12.0, "batch_size": 4, "learning_rate": 5e-2, "seed": 0}  # 12 inner + 3 outer steps
         if memory is None:
             return fit(model, b, pad_id(tok), **args)  # type: ignore[arg-type]
-        return fit_kif(model, b, memory, pad_id(tok), settings=KIFSettings(inner_steps=4), **args)  # type: ignore[arg-type]
+        train_kif(model, b, memory, pad_id(tok), Schedule(**args), KIFSettings(inner_steps=4))  # type: ignore[arg-type]
+        return model
 
     plain, kif, kif_other = learn_b(None), learn_b(a), learn_b(c)
     assert loss_on(kif, a) < loss_on(plain, a)  # KIF forgets less of A than plain training
@@ -332,12 +313,11 @@ def test_start_trial_keeps_the_start_that_trains_better_and_resumes_it(tiny_base
     blocks = {"a": block_of(first), "noise": random_adapter(first, rank=4, scaling=8.0, seed=5)}
     # 4 task steps at batch size 2 in cycles of 2: 2 outer steps; the trial is the first cycle (2 + 1 steps)
     schedule, settings = Schedule(epochs=2.0, batch_size=2, learning_rate=1e-2, seed=0), KIFSettings(inner_steps=2)
-    args = {"epochs": 2.0, "batch_size": 2, "learning_rate": 1e-2, "seed": 0, "settings": settings}  # fit_kif's
 
     def alone(seed: int, start: dict[str, float]) -> dict[str, torch.Tensor]:
         model = peft_model(tiny_base, rank=4, seed=seed)
         init_from_blocks(model, [(blocks[n], w) for n, w in start.items()])
-        fit_kif(model, a, memory, pad_id(tok), **args)  # type: ignore[arg-type]
+        train_kif(model, a, memory, pad_id(tok), schedule, settings)
         return trainable(model)
 
     model, seen = peft_model(tiny_base, rank=4, seed=1), []

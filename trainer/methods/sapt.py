@@ -1,4 +1,5 @@
-"""SAPT attentive learning: train a new LoRA block inside the attention mix of the frozen earlier blocks.
+"""Method sapt, SAPT attentive learning: train a new LoRA block inside the attention mix of the frozen earlier
+blocks. It needs the router in sapt mode: serving then mixes blocks with that same attention.
 
 While block t trains, every target Linear computes y = W x + Σ_i w_i · s_i · B_i A_i x over blocks 0..t,
 with w = softmax(key · q / (√d · T)) from the query projector over the pooled prompt embeddings: the
@@ -20,14 +21,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
 from skillpool.adapters_store.mixing import WeightedMix, weighted_mix
 from skillpool.router.sapt import QueryProjector, SAPTState, TokenPooler
 
-from .config import TrainConfig
-from .loop import Method, Progress, Schedule, TrainLoop, answer_loss
-from .lora_train import encode_example, pad_id, schedule_of
-from .records import Example
+from ..config import TrainConfig
+from ..loop import Method, Progress, Schedule, TrainLoop, answer_loss
+from ..lora_train import encode_example, pad_id, schedule_of
+from ..records import Example
+from .base import BlockJob, TrainedBlock, TrainingMethod
 
 
 @dataclass(frozen=True)
@@ -215,3 +217,52 @@ class SAPT(Method):
 
     def after_backward(self, loop: TrainLoop) -> None:
         self.mix.set_weights(None)  # drop the graph's last reference before the next batch
+
+
+class SAPTMethod(TrainingMethod):
+    name = "sapt"
+    learns_router_key = True
+
+    @classmethod
+    def router_error(cls, router_mode: str) -> str | None:
+        if router_mode == "sapt":
+            return None
+        return (
+            f"method sapt trains the block inside the sapt router's attention, but this server routes with "
+            f"{router_mode!r}: start the server (and workers) with --router-mode sapt"
+        )
+
+    def train(self, job: BlockJob) -> TrainedBlock:
+        name, cfg = job.name, job.cfg
+        train_texts, held_texts = [e["route_text"] for e in job.train], [e["route_text"] for e in job.held]
+        replay_texts, pool = job.replay_inputs(), job.router.pooler
+        assert pool is not None
+        # router-only stage first (SAPT's settings.steps of CE + ARM): the LM steps alone are too few to place the key
+        warm = job.router.sapt_state().learn(
+            name,
+            pool(train_texts),
+            pool(held_texts),
+            {n: pool(t) for n, t in replay_texts.items() if t},
+            job.check,
+        )
+        result = train_attentive(
+            job.model,
+            job.tok,
+            name,
+            job.train,
+            held_texts,
+            cfg,
+            warm,
+            pool,
+            {n: job.record(n).adapter() for n in warm.names if n != name},
+            replay_texts,
+            route_weight=cfg.sapt_route_weight,
+            on_progress=job.on_progress,
+            should_stop=job.should_stop,
+        )
+        save_peft_adapter(result.adapter, job.folder, job.base_model_id, cfg.alpha, cfg.target_modules, cfg.dropout)
+        return TrainedBlock(
+            model=job.model,  # train_attentive gives it back as it came
+            router_tensors=result.state.skill_tensors(name),
+            attention=result.state.mean_attention[name],
+        )
