@@ -1,4 +1,4 @@
-"""FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics), chat_api,
+"""FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics), chat/,
 tasks_api, models_api (models, retire, rollback), finetune (files, jobs) and admin_api."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from . import models_api
 from .admin_api import install_admin
 from .auth import KeyRing
-from .chat_api import install_chat
+from .chat import api_router as chat_api
 from .components import Components
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
@@ -35,7 +35,7 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 
     install_health(app, c)
-    install_chat(app, c)
+    app.include_router(chat_api.api)
     install_tasks(app, c)
     app.include_router(models_api.api)
     app.include_router(files_api.api)
