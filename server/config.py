@@ -118,16 +118,12 @@ class ServerConfig:
             default: Any = f.default
             if opt.env is not None:
                 default = os.environ.get(opt.env) or default  # compose passes an unset variable as empty
-            kind = _flag_type(types[f.name])
-            if opt.per != 1.0:
-                kind, default = float, default * opt.per
+            names = opt.names or ("--" + f.name.replace("_", "-"),)
+            kind, metavar = _flag_type(types[f.name]), None
+            if opt.per != 1.0:  # named after the flag's unit (BATCH_WINDOW_MS), not the field's
+                kind, default, metavar = float, default * opt.per, names[0][2:].replace("-", "_").upper()
             p.add_argument(
-                *(opt.names or ("--" + f.name.replace("_", "-"),)),
-                dest=f.name,
-                type=kind,
-                default=default,
-                choices=opt.choices,
-                help=opt.help,
+                *names, dest=f.name, type=kind, default=default, choices=opt.choices, metavar=metavar, help=opt.help
             )
 
     @classmethod
