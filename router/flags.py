@@ -36,17 +36,29 @@ FLAGS: tuple[Flag, ...] = (
         tuple(MODES),
     ),
     Flag("n_keys", ("--router-keys", "--keys"), "keys", "keys per skill"),
-    Flag("dtkr.groups", ("--router-groups", "--groups"), "groups"),
-    Flag("top_k", ("--router-top-k", "--top-k"), "top_k"),
+    Flag("dtkr.groups", ("--router-groups", "--groups"), "groups", "dtkr: key groups per skill"),
+    Flag("top_k", ("--router-top-k", "--top-k"), "top_k", "key slots retrieved per request (over all skills)"),
     Flag(
         "mix_keep_ratio",
         ("--router-mix-keep-ratio",),
         "mix_keep_ratio",
         "a mix keeps only skills with at least this fraction of the top skill's weight (default 0: all above 5%%)",
     ),
-    Flag("temperature", ("--router-temperature", "--temperature"), "temperature"),
-    Flag("threshold_percentile", ("--router-threshold-percentile", "--threshold-percentile"), "threshold_percentile"),
-    Flag("threshold_margin", ("--router-threshold-margin", "--threshold-margin"), "threshold_margin"),
+    Flag(
+        "temperature", ("--router-temperature", "--temperature"), "temperature", "softmax temperature over slot scores"
+    ),
+    Flag(
+        "threshold_percentile",
+        ("--router-threshold-percentile", "--threshold-percentile"),
+        "threshold_percentile",
+        "gate percentile of a skill's own inputs' held-out scores",
+    ),
+    Flag(
+        "threshold_margin",
+        ("--router-threshold-margin", "--threshold-margin"),
+        "threshold_margin",
+        "... minus this margin (larger: more requests pass the gate)",
+    ),
     Flag(
         "white_threshold_percentile",
         ("--router-white-threshold-percentile", "--white-threshold-percentile"),
@@ -77,7 +89,12 @@ FLAGS: tuple[Flag, ...] = (
         "format_margin",
         "nats below the skill's held-out percentile",
     ),
-    Flag("format.percentile", ("--router-format-percentile", "--format-percentile"), "format_percentile"),
+    Flag(
+        "format.percentile",
+        ("--router-format-percentile", "--format-percentile"),
+        "format_percentile",
+        "format gate percentile of the skill's held-out inputs",
+    ),
     Flag(
         "format.source",
         ("--router-format-source", "--format-source"),
@@ -104,9 +121,9 @@ FLAGS: tuple[Flag, ...] = (
         "sapt: replay the stored real samples or generated pseudo inputs",
         tuple(REPLAY_SOURCES),
     ),
-    Flag("sapt.steps", ("--sapt-steps",), "sapt_steps"),
+    Flag("sapt.steps", ("--sapt-steps",), "sapt_steps", "sapt: projector training steps"),
     Flag("sapt.arm_lambda", ("--sapt-lambda",), "sapt_lambda", "sapt: weight of attentive reflection"),
-    Flag("sapt.pool", ("--sapt-pool",), "sapt_pool", choices=tuple(POOLS)),
+    Flag("sapt.pool", ("--sapt-pool",), "sapt_pool", "sapt: how a query's token states are pooled", tuple(POOLS)),
     Flag(
         "sapt.generated",
         ("--sapt-generated",),

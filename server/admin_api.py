@@ -11,6 +11,7 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from skillpool.router import Router
 
 from .auth import require
+from .components import components
 from .metrics import Metrics
 
 api = APIRouter()
@@ -20,7 +21,7 @@ api = APIRouter()
 async def fallback_clusters(request: Request, min_size: float = Query(0.0, ge=0.0)) -> dict[str, Any]:
     """Clusters of recent fallback requests, heaviest first: decayed size, count, examples, nearest skills."""
     require(request, "admin", "the fallback clusters (they show request text)")
-    router: Router = request.app.state.components.router
+    router = components(request).router
     data = router.demand.snapshot(router.nearest_skills, min_weight=min_size)
     return {
         "object": "list",

@@ -1,5 +1,5 @@
-"""FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics), chat_api,
-tasks_api, models_api (models, retire, rollback), finetune (files, jobs) and admin_api."""
+"""FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics), chat/,
+tasks/, models_api (models, retire, rollback), finetune (files, jobs) and admin_api."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ import logging
 
 from fastapi import FastAPI
 
-from . import models_api
+from . import health_api, models_api
 from .admin_api import install_admin
 from .auth import KeyRing
-from .chat_api import install_chat
+from .chat import api_router as chat_api
 from .components import Components
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
-from .health_api import install_health
 from .limits import BodyLimit
 from .middleware import AuthAndCount
-from .tasks_api import install_tasks
+from .tasks import api_router as tasks_api
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +33,9 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 
-    install_health(app, c)
-    install_chat(app, c)
-    install_tasks(app, c)
+    app.include_router(health_api.api)
+    app.include_router(chat_api.api)
+    app.include_router(tasks_api.api)
     app.include_router(models_api.api)
     app.include_router(files_api.api)
     app.include_router(jobs_api.api)

@@ -1,42 +1,151 @@
-"""Server settings (CLI flags map 1:1 onto these fields)."""
+"""Server settings, and `skillpool serve`'s flags generated from them (as vLLM's EngineArgs.add_cli_args).
+
+Each field's `option(...)` metadata holds its help text and any flag spelling other than the field's own name
+(`--data-dir` for data_dir), older spellings kept as aliases, the environment variable that gives the default,
+and a unit the flag is given in (`--batch-window-ms` for a field in seconds). Type, default and choices come
+from the field; the router's settings come from skillpool.router.flags, which works the same way.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+import os
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import NoneType, UnionType
+from typing import Any
 
 from skillpool.router import RouterSettings
+from skillpool.router.flags import add_router_flags, router_settings
 from skillpool.trainer.keys import DEFAULT_PREFIX
+
+from .engines import ENGINES
+
+
+@dataclass(frozen=True)
+class Option:
+    help: str
+    names: tuple[str, ...] = ()  # the flag's spellings, canonical first; default: --the-field-name
+    env: str | None = None  # the environment variable that gives the default (an empty one gives none)
+    per: float = 1.0  # flag units per field unit: 1000 for a flag in ms of a field in s (the flag is a float)
+    choices: tuple[str, ...] | None = None
+    negate: str | None = None  # a bool field set False by this store_true flag (`--no-trainer`)
+
+
+def option(default: Any, help: str, *names: str, **kw: Any) -> Any:
+    """A field default with its flag's `Option` as metadata."""
+    return field(default=default, metadata={"option": Option(help, names, **kw)})
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    data_dir: Path = Path("./data")
-    model: Path | None = None  # None: the packaged SmolLM2-135M-Instruct
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None  # a `chat` key named "api-key" (server.auth); no key at all: single-tenant
-    admin_key: str | None = None  # an `admin` key named "admin"; alone, it leaves only chat and models open
-    api_keys_file: Path | None = None  # `NAME ROLE KEY` lines (chat, train, admin), re-read on SIGHUP
-    device: str | None = None  # None: cuda if available, else cpu
-    engine: str = "hf"  # which engine serves (server.engines.ENGINES)
-    batch_window_s: float = 0.01  # routing: how long the first request waits for company to embed with
-    max_batch_size: int = 32  # rows decoding at once in the engine (vLLM's max_num_seqs)
-    max_batched_tokens: int = 512  # tokens one engine step may process: decode rows + prefill (chunked beyond)
-    max_waiting: int = 256  # requests waiting for the engine beyond this get 429 with Retry-After
-    max_loaded_skills: int | None = None  # adapters resident in the engine (LRU); None: every skill
-    prefix_cache_tokens: int = 4096  # prompt KV kept for reuse by prompts that start alike (0: off)
-    max_loras: int = 4  # vllm: LoRA adapters (mixes) in one batch
-    max_cpu_loras: int | None = None  # vllm: adapters cached in host memory (None: vLLM's default, max_loras)
-    max_lora_rank: int = 64  # vllm: the largest mix rank Σ r_i; bigger mixes drop their smallest weights
-    max_model_len: int | None = None  # vllm: context length (None: the model's own)
-    default_max_tokens: int = 512
-    max_upload_bytes: int = 50 * 1024 * 1024
-    max_request_bytes: int = 8 * 1024 * 1024  # any other body (chat): 413 beyond, counted as it streams
-    max_upload_examples: int = 100_000
-    min_upload_examples: int = 10
-    max_pending_jobs: int = 16  # uploads beyond this get 429
-    redis_url: str | None = None  # job queue + skill events in Redis (trainer workers on other machines)
-    redis_prefix: str = DEFAULT_PREFIX
-    run_trainer: bool = True  # False: this server only enqueues; `skillpool worker` processes train
-    router: RouterSettings = field(default_factory=RouterSettings)
+    data_dir: Path = option(Path("./data"), "skill store, jobs (default ./data)")
+    model: Path | None = option(
+        None, "local Hugging Face LLaMA-family checkpoint (default: packaged SmolLM2-135M-Instruct)"
+    )
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(8000, "port to listen on")
+    api_key: str | None = option(
+        None,
+        "a bearer token with role chat, named api-key: chat, models, its own files and jobs read-only "
+        "(env SKILLPOOL_API_KEY)",
+        env="SKILLPOOL_API_KEY",
+    )
+    admin_key: str | None = option(
+        None,
+        "a bearer token with role admin, named admin: everything. Alone, it leaves only chat and models open "
+        "to callers without a key (env SKILLPOOL_ADMIN_KEY)",
+        "--admin-api-key",
+        "--admin-key",
+        env="SKILLPOOL_ADMIN_KEY",
+    )
+    api_keys_file: Path | None = option(
+        None,
+        "keys, one 'NAME ROLE KEY' a line (roles chat, train, admin; # comments), re-read on SIGHUP "
+        "(env SKILLPOOL_API_KEYS_FILE). With no key at all every endpoint is open",
+        env="SKILLPOOL_API_KEYS_FILE",
+    )
+    device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+    engine: str = option("hf", "the engine that generates", choices=ENGINES)
+    batch_window_s: float = option(
+        0.01, "routing: wait this long (ms) to batch embeddings", "--batch-window-ms", per=1000
+    )
+    max_batch_size: int = option(32, "rows decoding at once (vLLM's max_num_seqs)")
+    max_batched_tokens: int = option(
+        512, "tokens per engine step (decode rows + prefill); longer prompts are prefilled in chunks"
+    )
+    max_waiting: int = option(256, "beyond this many waiting requests: 429 with Retry-After")
+    max_loaded_skills: int | None = option(
+        None, "keep only this many skills' adapters in the engine (least recently used leave; default: all)"
+    )
+    prefix_cache_tokens: int = option(
+        4096, "keep the KV of this many prompt tokens for prompts that start alike (blocks of 16; 0: off)"
+    )
+    max_loras: int = option(4, "vllm: adapters (mixes) in one batch")
+    max_cpu_loras: int | None = option(None, "vllm: adapters cached in host memory (default: vLLM's, max_loras)")
+    max_lora_rank: int = option(
+        64, "vllm: largest mix rank (sum of its skills' ranks); larger mixes drop their smallest weights"
+    )
+    max_model_len: int | None = option(None, "vllm: context length (default: the model's own)")
+    default_max_tokens: int = option(512, "max_tokens of a request that gives none (at most the context left)")
+    max_upload_bytes: int = option(50 * 2**20, "dataset uploads beyond this (MiB): 413", "--max-upload-mb", per=2**-20)
+    max_request_bytes: int = option(
+        8 * 2**20, "other request bodies beyond this (MiB): 413, counted as they stream", "--max-request-mb", per=2**-20
+    )
+    max_upload_examples: int = option(100_000, "a dataset with more examples than this is refused")
+    min_upload_examples: int = option(10, "a dataset with fewer examples than this is refused")
+    max_pending_jobs: int = option(16, "uploads beyond this many queued jobs: 429")
+    redis_url: str | None = option(
+        None, "job queue and skill events in Redis (env SKILLPOOL_REDIS_URL)", env="SKILLPOOL_REDIS_URL"
+    )
+    redis_prefix: str = option(DEFAULT_PREFIX, "prefix of this server's Redis keys")
+    run_trainer: bool = option(True, "with --redis-url: only enqueue; `skillpool worker` trains", negate="--no-trainer")
+    router: RouterSettings = field(default_factory=RouterSettings)  # flags: skillpool.router.flags
+
+    @classmethod
+    def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
+        """One flag per field (the router's through add_router_flags), each with its help and default."""
+        types = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if f.name == "router":
+                add_router_flags(p)
+                continue
+            opt: Option = f.metadata["option"]
+            if opt.negate is not None:
+                p.add_argument(opt.negate, dest=f.name, action="store_false", help=opt.help)
+                continue
+            default: Any = f.default
+            if opt.env is not None:
+                default = os.environ.get(opt.env) or default  # compose passes an unset variable as empty
+            names = opt.names or ("--" + f.name.replace("_", "-"),)
+            kind, metavar = _flag_type(types[f.name]), None
+            if opt.per != 1.0:  # named after the flag's unit (BATCH_WINDOW_MS), not the field's
+                kind, default, metavar = float, default * opt.per, names[0][2:].replace("-", "_").upper()
+            p.add_argument(
+                *names, dest=f.name, type=kind, default=default, choices=opt.choices, metavar=metavar, help=opt.help
+            )
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerConfig:
+        """The config that `args` (parsed by a parser add_cli_args built) describes."""
+        types, values = typing.get_type_hints(cls), {}
+        for f in fields(cls):
+            if f.name == "router":
+                values["router"] = router_settings(args)
+                continue
+            value = getattr(args, f.name)
+            opt: Option = f.metadata["option"]
+            if opt.per != 1.0:
+                value = _flag_type(types[f.name])(value / opt.per)
+            values[f.name] = value
+        return cls(**values)
+
+
+def _flag_type(annotation: Any) -> type:
+    """The argparse type of a field annotated `T` or `T | None`."""
+    if isinstance(annotation, UnionType):
+        (annotation,) = (a for a in typing.get_args(annotation) if a is not NoneType)
+    if not isinstance(annotation, type):
+        raise TypeError(f"no flag type for {annotation!r}")
+    return annotation

@@ -6,66 +6,69 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-if TYPE_CHECKING:
-    from .components import Components
+from .components import components
 
 log = logging.getLogger(__name__)
 
+api = APIRouter()
 
-def install_health(app: FastAPI, c: Components) -> None:
+
+@api.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    c = components(request)
+    ok = c.engine.healthy() and c.routing.alive()
+    body = {
+        "status": "ok" if ok else "unhealthy",
+        "model": c.base.model_id,
+        "engine": c.engine.name,
+        "skills": len(c.pool.records()),
+        "uptime_s": round(time.time() - c.started, 1),
+        **c.engine.stats(),
+    }
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@api.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: may this replica take traffic? The engine thread alive, the routing stage alive and the
+    base model loaded (components are built before the app serves). Redis is left out on purpose: chat
+    keeps working without it, so a balancer must not drain the replica when only uploads are affected.
+    For the same reason `trainer` (this server's trainer thread alive) is shown, and listed in `failing`
+    when false, but never makes the replica unready; a server that runs no trainer (Redis workers train)
+    has no `trainer` check."""
+    c = components(request)
+    checks = {
+        "engine": c.engine.healthy(),
+        "routing": c.routing.alive(),
+        "model": c.engine.max_context > 0,
+    }
+    ready = all(checks.values())
+    trainer = c.jobs.trainer_alive()
+    if trainer is not None:
+        checks["trainer"] = trainer
+    failing = [k for k, ok in checks.items() if not ok]
+    body = {"status": "ready" if ready else "not_ready", "checks": checks, "failing": failing}
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@api.get("/metrics")
+async def metrics(request: Request) -> Response:
+    c = components(request)
     m = c.metrics
-
-    @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        ok = c.engine.healthy() and c.routing.alive()
-        body = {
-            "status": "ok" if ok else "unhealthy",
-            "model": c.base.model_id,
-            "engine": c.engine.name,
-            "skills": len(c.pool.records()),
-            "uptime_s": round(time.time() - c.started, 1),
-            **c.engine.stats(),
-        }
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        """Readiness: may this replica take traffic? The engine thread alive, the routing stage alive and the
-        base model loaded (components are built before the app serves). Redis is left out on purpose: chat
-        keeps working without it, so a balancer must not drain the replica when only uploads are affected.
-        For the same reason `trainer` (this server's trainer thread alive) is shown, and listed in `failing`
-        when false, but never makes the replica unready; a server that runs no trainer (Redis workers train)
-        has no `trainer` check."""
-        checks = {
-            "engine": c.engine.healthy(),
-            "routing": c.routing.alive(),
-            "model": c.engine.max_context > 0,
-        }
-        ready = all(checks.values())
-        trainer = c.jobs.trainer_alive()
-        if trainer is not None:
-            checks["trainer"] = trainer
-        failing = [k for k, ok in checks.items() if not ok]
-        body = {"status": "ready" if ready else "not_ready", "checks": checks, "failing": failing}
-        return JSONResponse(body, status_code=200 if ready else 503)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        # gauges that are cheaper to read when scraped than to keep current
-        try:
-            m.training_queue.set(await asyncio.to_thread(c.jobs.depth))
-        except Exception as e:  # the job queue (Redis) may be down: every other series still matters
-            log.warning("/metrics: job queue depth unavailable: %s", e)
-        if (trainer := c.jobs.trainer_alive()) is not None:  # no series where no trainer runs
-            m.trainer_up.labels("local" if not c.cfg.redis_url else "redis").set(1 if trainer else 0)
-        stats = c.engine.stats()
-        m.queue_depth.set(stats["waiting"])
-        m.running.set(stats["running"])
-        m.resident_skills.set(stats["resident_skills"])
-        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+    # gauges that are cheaper to read when scraped than to keep current
+    try:
+        m.training_queue.set(await asyncio.to_thread(c.jobs.depth))
+    except Exception as e:  # the job queue (Redis) may be down: every other series still matters
+        log.warning("/metrics: job queue depth unavailable: %s", e)
+    if (trainer := c.jobs.trainer_alive()) is not None:  # no series where no trainer runs
+        m.trainer_up.labels("local" if not c.cfg.redis_url else "redis").set(1 if trainer else 0)
+    stats = c.engine.stats()
+    m.queue_depth.set(stats["waiting"])
+    m.running.set(stats["running"])
+    m.resident_skills.set(stats["resident_skills"])
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,12 +1,13 @@
-"""Training-task endpoints: POST /tasks (upload a JSONL dataset to learn as a skill), GET /tasks,
-GET /tasks/{id} and DELETE /tasks/{id} (cancel)."""
+"""Serving the training tasks: upload a JSONL dataset to learn as a skill (checked in this order: content
+type, file, name, method, force, an existing skill, the caller's key, config, the dataset, the queue's room),
+list them, get one, cancel one."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 
@@ -16,17 +17,21 @@ from skillpool.trainer.datasets import DatasetError, parse_jsonl
 from skillpool.trainer.jobs import Job
 from skillpool.trainer.records import TERMINAL, Example
 
-from .auth import Principal, principal_of, require
-from .errors import APIError, parse_json
-from .intake import TASKS, JobRequest, check_force, check_method, check_room, hold_name, train_config
+from ..auth import Principal, principal_of, require
+from ..errors import APIError, parse_json
+from ..intake import TASKS, JobRequest, check_force, check_method, check_room, hold_name, train_config
 
 if TYPE_CHECKING:
-    from .components import Components
+    from ..components import Components
 
 
-def install_tasks(app: FastAPI, c: Components) -> None:
-    @app.post("/tasks", status_code=202)
-    async def create_task(request: Request) -> JSONResponse:
+class TaskServing:
+    def __init__(self, c: Components) -> None:
+        self.c = c
+
+    async def create(self, request: Request) -> JSONResponse:
+        """POST /tasks: a multipart upload (file, name, method, force, new_version, config) queued as a job."""
+        c = self.c
         ctype = request.headers.get("content-type", "")
         if not ctype.startswith("multipart/form-data"):
             raise APIError(
@@ -95,27 +100,24 @@ def install_tasks(app: FastAPI, c: Components) -> None:
         await asyncio.to_thread(_reserve_and_submit, c, job, examples, cfg, new_version)
         return JSONResponse(job.to_dict(), status_code=202)
 
-    @app.get("/tasks")
-    def list_tasks(request: Request) -> dict[str, Any]:
+    def list_tasks(self, request: Request) -> dict[str, Any]:
         caller = principal_of(request)
-        return {"object": "list", "data": [j.to_dict() for j in c.jobs.list() if caller.sees(j.owner)]}
+        return {"object": "list", "data": [j.to_dict() for j in self.c.jobs.list() if caller.sees(j.owner)]}
 
-    def _job(job_id: str, caller: Principal) -> Job:
-        job = c.jobs.get(job_id)
+    def _job(self, job_id: str, caller: Principal) -> Job:
+        job = self.c.jobs.get(job_id)
         if job is None or not caller.sees(job.owner):  # another key's task: as if there were none
             raise APIError(404, f"no task with id {job_id!r}", "id", "task_not_found")
         return job
 
-    @app.get("/tasks/{job_id}")
-    def get_task(request: Request, job_id: str) -> dict[str, Any]:
-        return _job(job_id, principal_of(request)).to_dict()
+    def retrieve(self, request: Request, job_id: str) -> dict[str, Any]:
+        return self._job(job_id, principal_of(request)).to_dict()
 
-    @app.delete("/tasks/{job_id}")
-    def cancel_task(request: Request, job_id: str) -> dict[str, Any]:
-        job = _job(job_id, require(request, "train", "cancelling a task"))
+    def cancel(self, request: Request, job_id: str) -> dict[str, Any]:
+        job = self._job(job_id, require(request, "train", "cancelling a task"))
         if job.status in TERMINAL:
             raise APIError(409, f"task {job_id} already {job.status}", "id", "task_finished")
-        return (c.jobs.cancel(job_id) or job).to_dict()
+        return (self.c.jobs.cancel(job_id) or job).to_dict()
 
 
 def _creator(c: Components, name: str) -> tuple[bool, str | None]:

@@ -1,0 +1,1 @@
+"""The training-task endpoints (/tasks): serving (TaskServing) and api_router."""

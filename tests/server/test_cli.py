@@ -1,0 +1,117 @@
+"""`skillpool serve`'s flags, generated from ServerConfig: one per field, the old spellings, the defaults."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from skillpool.router import RouterSettings
+from skillpool.server.cli import add_arguments
+from skillpool.server.config import ServerConfig
+
+ENV = (
+    "SKILLPOOL_API_KEY",
+    "SKILLPOOL_ADMIN_KEY",
+    "SKILLPOOL_API_KEYS_FILE",
+    "SKILLPOOL_REDIS_URL",
+    "SKILLPOOL_THREADS",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="skillpool serve")
+    add_arguments(p)
+    return p
+
+
+def config(*argv: str) -> ServerConfig:
+    return ServerConfig.from_cli_args(parser().parse_args(list(argv)))
+
+
+def test_every_field_has_a_flag_with_help() -> None:
+    dests = {a.dest for a in parser()._actions if a.option_strings}
+    assert {f.name for f in fields(ServerConfig)} - {"router"} <= dests
+    assert {"router", "keys", "top_k", "sapt_replay"} <= dests  # the router's, from skillpool.router.flags
+    assert all(a.help for a in parser()._actions), [a.dest for a in parser()._actions if not a.help]
+    text = parser().format_help()
+    for flag in ("--data-dir", "--batch-window-ms", "--max-upload-mb", "--no-trainer", "--admin-key", "--router-top-k"):
+        assert flag in text
+
+
+def test_defaults_are_the_dataclass_defaults() -> None:
+    assert config() == ServerConfig()
+    assert config().router == RouterSettings()
+
+
+def test_every_flag_name_used_before_sets_its_field() -> None:
+    argv = [
+        "--host", "0.0.0.0", "--port", "9000", "--data-dir", "d", "--model", "m", "--api-key", "k1",
+        "--admin-api-key", "k2", "--api-keys-file", "keys.txt", "--device", "cpu", "--engine", "vllm",
+        "--batch-window-ms", "25", "--max-batch-size", "3", "--max-batched-tokens", "64", "--max-waiting", "5",
+        "--max-upload-mb", "1.5", "--max-request-mb", "2", "--max-loaded-skills", "2", "--prefix-cache-tokens", "0",
+        "--max-loras", "2", "--max-cpu-loras", "6", "--max-lora-rank", "32", "--max-model-len", "1024",
+        "--default-max-tokens", "7", "--redis-url", "redis://x", "--redis-prefix", "p", "--no-trainer",
+        "--router-top-k", "3", "--router-format-gate", "off",
+    ]  # fmt: skip
+    cfg = config(*argv)
+    assert cfg == ServerConfig(
+        data_dir=Path("d"), model=Path("m"), host="0.0.0.0", port=9000, api_key="k1", admin_key="k2",
+        api_keys_file=Path("keys.txt"), device="cpu", engine="vllm", batch_window_s=0.025, max_batch_size=3,
+        max_batched_tokens=64, max_waiting=5, max_upload_bytes=int(1.5 * 2**20), max_request_bytes=2 * 2**20,
+        max_loaded_skills=2, prefix_cache_tokens=0, max_loras=2, max_cpu_loras=6, max_lora_rank=32,
+        max_model_len=1024, default_max_tokens=7, redis_url="redis://x", redis_prefix="p", run_trainer=False,
+        router=cfg.router,
+    )  # fmt: skip
+    assert cfg.router.top_k == 3 and not cfg.router.format.enabled
+
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [
+        (["--admin-key", "k"], ["--admin-api-key", "k"]),
+        (["--top-k", "2"], ["--router-top-k", "2"]),
+        (["--router", "centroid"], ["--router-mode", "centroid"]),
+        (["--keys", "4"], ["--router-keys", "4"]),
+    ],
+)
+def test_aliases_parse_to_the_same_config(alias: list[str], canonical: list[str]) -> None:
+    assert config(*alias) == config(*canonical) != config()
+
+
+def test_new_flags_for_the_upload_and_queue_limits() -> None:
+    cfg = config("--max-upload-examples", "50", "--min-upload-examples", "2", "--max-pending-jobs", "4")
+    assert (cfg.max_upload_examples, cfg.min_upload_examples, cfg.max_pending_jobs) == (50, 2, 4)
+
+
+def test_environment_gives_the_key_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SKILLPOOL_API_KEY", "env-key")
+    monkeypatch.setenv("SKILLPOOL_API_KEYS_FILE", "/etc/keys")
+    monkeypatch.setenv("SKILLPOOL_REDIS_URL", "")  # compose's unset variable: no Redis
+    cfg = config()
+    assert (cfg.api_key, cfg.api_keys_file, cfg.redis_url) == ("env-key", Path("/etc/keys"), None)
+    assert config("--api-key", "flag-key").api_key == "flag-key"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--port", "eighty"], "--port: invalid int value: 'eighty'"),
+        (["--engine", "tgi"], "--engine: invalid choice: 'tgi'"),
+        (["--max-upload-mb", "lots"], "--max-upload-mb: invalid float value: 'lots'"),
+        (["--router-format-gate", "maybe"], "--router-format-gate/--format-gate: invalid choice: 'maybe'"),
+    ],
+)
+def test_a_bad_value_is_an_argparse_error(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
