@@ -111,7 +111,7 @@ def _present(request: np.ndarray, grams: np.ndarray) -> np.ndarray:
 
 def accepts_each(request: np.ndarray, models: Sequence[FormatModel | None]) -> np.ndarray:
     """Does one request pass each model's gate (None: no model, passes)? One vectorized pass over all their
-    grams: a request is checked against up to `candidates` skills, and one call per skill cost ~75 µs each."""
+    grams: a request is checked against up to `candidates` skills, and a call per skill added up (docs/routing.md)."""
     out = np.ones(len(models), dtype=bool)
     gated = [(i, m) for i, m in enumerate(models) if m is not None and len(m.grams) and m.threshold > float("-inf")]
     if not gated:

@@ -108,7 +108,7 @@ def test_upload_learn_route_and_beat_the_base_model(server: ServerProcess, clien
     body = "\n".join(json.dumps(r) for r in agnews("train", TRAIN_ROWS)).encode()
     r = upload(server.url, "agnews", body, CONFIG)
     assert r.status_code == 202, r.text
-    job = wait_job(server.url, r.json()["id"], timeout_s=1500, verbose=False)
+    job = wait_job(server.url, r.json()["id"], timeout_s=2400, verbose=False)
     assert job["status"] == "succeeded", job
     print(f"\nagnews job eval: {job['eval']}")
     assert "agnews" in [m.id for m in client.models.list().data]
