@@ -7,7 +7,7 @@ Modes (a server setting; every skill stores the tensors of all key-based modes, 
   sapt      a learned query projector over the base model's token embeddings (router.sapt)
 For dtkr and centroid, all skills' keys live in one FAISS inner-product index over unit vectors. A
 request takes the top-k slots over all skills; a temperature softmax over their scores, summed per
-skill, gives the mix (JARe, router.mix). If the best score is below the best skill's calibrated
+skill, gives the mix (JARe, router.mix_policy). If the best score is below the best skill's calibrated
 threshold the request goes to the base model and counts as a fallback. SAPT's softmax has no "none of
 these", so in sapt mode the same calibrated centroid-key test is the open-set gate and the SAPT
 attention is the mix.
@@ -47,7 +47,7 @@ from .demand import FallbackClusters
 from .embedder import Embedder, embed_checked
 from .formats import accepts_each
 from .index import KeyIndex, build_index, white_rows
-from .mix import sapt_decision, slot_weights, top_mix
+from .mix_policy import sapt_decision, slot_weights, top_mix
 from .modes import RouterMode, mode_for
 from .needs import fields_accept_each, labels_accept_each, option_ids, request_grams
 from .prepare import skill_tensors

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 from skillpool.adapters_store.lora import Mix
-from skillpool.adapters_store.mixing import LoRABank
+from skillpool.adapters_store.lora_bank import LoRABank
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

@@ -1,7 +1,7 @@
 """The `vllm` engine: vLLM's AsyncLLM (paged attention, continuous batching, multi-LoRA) behind our contract.
 
 vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
-(adapters_store/concat.py), planned and cached by mixes.py: weights on a 1/16 grid, one folder per distinct
+(adapters_store/concat.py), planned and cached by vllm_adapters.py: weights on a 1/16 grid, one folder per distinct
 plan with a never-reused LoRA id, held while requests use it. AsyncLLM lives on its own event loop in a
 thread of ours: `submit` may be called from any thread (the API's loop, the quality gate's thread), and
 closing a request's task is vLLM's abort.
@@ -27,7 +27,6 @@ from transformers import AutoConfig, AutoTokenizer
 from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_adapter
 
-from .mixes import MixAdapter, MixCache, MixPlan, plan_mix
 from .protocol import (
     SAMPLING_EPS,
     AdapterLoader,
@@ -39,6 +38,7 @@ from .protocol import (
     mix_error,
 )
 from .rows import Sink
+from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix
 
 log = logging.getLogger(__name__)
 
