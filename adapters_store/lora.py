@@ -16,8 +16,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-Mix = Sequence[tuple[str, float]]  # [(skill, weight), ...]
-
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from skillpool.router import Decision
 from skillpool.trainer.datasets import route_text
 
-from .engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, SamplingParams
+from .engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, SamplingParams
 from .errors import APIError, read_json
 from .openai_api import (
     CHAT_REQUEST_SCHEMA,
@@ -63,7 +63,7 @@ def _target(c: Components, model: str) -> Target:
     )
 
 
-def _explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
+def _explicit_mix(c: Components, model: str) -> Mix:
     mix: dict[str, float] = {}
     for part in model.split(","):
         name, _, raw = part.partition("=")
@@ -86,8 +86,7 @@ def _explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
         raise APIError(
             400, f"the mix names {len(mix)} skills; this server keeps {cap} loaded", "model", "invalid_value"
         )
-    total = sum(mix.values())
-    return tuple(sorted(((s, w / total) for s, w in mix.items()), key=lambda sw: -sw[1]))
+    return Mix.of(mix)  # renormalized; responses list it heaviest first, ties as written
 
 
 def _busy(e: EngineBusy) -> APIError:
@@ -160,7 +159,7 @@ def install_chat(app: FastAPI, c: Components) -> None:
             stop=tuple(params.stop),
             ignore_eos=params.ignore_eos,
         )
-        events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, tuple(decision.route)))
+        events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, decision.mix))
         try:
             first = await _first_event(request, events)  # submits: a full queue answers 429 before any response
         except EngineBusy as e:

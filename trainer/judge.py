@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from skillpool.adapters_store.lora import LoRAAdapter, Mix
+from skillpool.adapters_store.lora import LoRAAdapter
 from skillpool.adapters_store.lora_bank import LoRABank
+from skillpool.adapters_store.mix import Mix
 
 from .scoring import generate_greedy
 
