@@ -126,20 +126,8 @@ class Router:
         """
         assert self.pooler is not None
         pool = self.pooler
-        return self.prepare_sapt_pooled(
-            name, pool(train), pool(held), {n: pool(list(t)) for n, t in replay.items() if t}, check_stop
-        )
-
-    def prepare_sapt_pooled(
-        self,
-        name: str,
-        train: torch.Tensor,
-        held: torch.Tensor,
-        replay: dict[str, torch.Tensor],
-        check_stop: Callable[[], None] | None = None,
-    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        state = self.sapt_state().learn(name, train, held, replay, check_stop)
-        return state.skill_tensors(name), state.mean_attention[name]
+        pooled_replay = {n: pool(list(t)) for n, t in replay.items() if t}
+        return self.sapt_state().learn(name, pool(train), pool(held), pooled_replay, check_stop).learned(name)
 
     def sapt_state(self) -> SAPTState:
         """The shared SAPT state of the registered skills (what the next skill learns on top of)."""
