@@ -1,6 +1,7 @@
 """LoRA factors, PEFT adapter files, and the dense reference of a mix  Σ_i w_i · s_i · B_i A_i.
 
-Applying mixes to a model (the one mixed layer, serving's LoRABank, training's weighted_mix) is mixing.py.
+Applying mixes to a model: the one mixed layer (mixed_layer.py), serving's LoRABank (lora_bank.py, with its
+batch plans in batch_plans.py) and training's weighted_mix (training_mix.py); the Mix value itself is mix.py.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-
-Mix = Sequence[tuple[str, float]]  # [(skill, weight), ...]
 
 PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"

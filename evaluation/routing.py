@@ -40,7 +40,8 @@ def _learn(router: Router, task: Task, train: Features, replay: dict[str, torch.
     if router.mode.learns_projector:
         assert train.pooled is not None
         n_held = max(1, int(len(train.pooled) * held_fraction))  # ā is measured on held-out inputs, as SAPT does
-        sapt, attention = router.prepare_sapt_pooled(name, train.pooled[n_held:], train.pooled[:n_held], replay)
+        state = router.sapt_state().learn(name, train.pooled[n_held:], train.pooled[:n_held], replay)
+        sapt, attention = state.learned(name)
         tensors.update(sapt)
     router.add_skill(name, tensors, sapt_attention=attention)
 

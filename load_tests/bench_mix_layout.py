@@ -28,7 +28,7 @@ def main() -> int:
 
     from skillpool.adapters_store.base_model import resolve_base_model
     from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
-    from skillpool.adapters_store.mixing import LoRABank
+    from skillpool.adapters_store.lora_bank import LoRABank
     from skillpool.server.engines.kv import growing_cache
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -7,7 +7,7 @@ Modes (a server setting; every skill stores the tensors of all key-based modes, 
   sapt      a learned query projector over the base model's token embeddings (router.sapt)
 For dtkr and centroid, all skills' keys live in one FAISS inner-product index over unit vectors. A
 request takes the top-k slots over all skills; a temperature softmax over their scores, summed per
-skill, gives the mix (JARe, router.mix). If the best score is below the best skill's calibrated
+skill, gives the mix (JARe, router.mix_policy). If the best score is below the best skill's calibrated
 threshold the request goes to the base model and counts as a fallback. SAPT's softmax has no "none of
 these", so in sapt mode the same calibrated centroid-key test is the open-set gate and the SAPT
 attention is the mix.
@@ -47,7 +47,7 @@ from .demand import FallbackClusters
 from .embedder import Embedder, embed_checked
 from .formats import accepts_each
 from .index import KeyIndex, build_index, white_rows
-from .mix import sapt_decision, slot_weights, top_mix
+from .mix_policy import sapt_decision, slot_weights, top_mix
 from .modes import RouterMode, mode_for
 from .needs import fields_accept_each, labels_accept_each, option_ids, request_grams
 from .prepare import skill_tensors
@@ -126,20 +126,8 @@ class Router:
         """
         assert self.pooler is not None
         pool = self.pooler
-        return self.prepare_sapt_pooled(
-            name, pool(train), pool(held), {n: pool(list(t)) for n, t in replay.items() if t}, check_stop
-        )
-
-    def prepare_sapt_pooled(
-        self,
-        name: str,
-        train: torch.Tensor,
-        held: torch.Tensor,
-        replay: dict[str, torch.Tensor],
-        check_stop: Callable[[], None] | None = None,
-    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        state = self.sapt_state().learn(name, train, held, replay, check_stop)
-        return state.skill_tensors(name), state.mean_attention[name]
+        pooled_replay = {n: pool(list(t)) for n, t in replay.items() if t}
+        return self.sapt_state().learn(name, pool(train), pool(held), pooled_replay, check_stop).learned(name)
 
     def sapt_state(self) -> SAPTState:
         """The shared SAPT state of the registered skills (what the next skill learns on top of)."""

@@ -310,6 +310,10 @@ class SAPTState:
         return out
 
     # --- storage: per skill its key and the projector as it was right after the skill was learned ----
+    def learned(self, name: str) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """What a skill's folder keeps of this state: its router tensors, and its ā by block."""
+        return self.skill_tensors(name), self.mean_attention[name]
+
     def skill_tensors(self, name: str) -> dict[str, torch.Tensor]:
         assert self.keys is not None
         out = {"sapt_key": self.keys[self.names.index(name)].clone(), "sapt_blocks": torch.tensor([len(self.names)])}

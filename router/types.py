@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from skillpool.adapters_store.mix import Mix, format_pairs
+
 from .demand import DemandSettings
 from .dtkr import DTKRSettings
 from .formats import FormatModel, FormatSettings
@@ -66,16 +68,24 @@ class RouterSettings:
 
 @dataclass(frozen=True)
 class Decision:
+    """Where one request goes. `route` is the mix as responses show it, heaviest first; `mix` is what runs."""
+
     route: list[tuple[str, float]]
     reason: str  # matched | forced | base | below_threshold | format_mismatch | no_skills
     score: float = 0.0  # best slot score of the request
+
+    @property
+    def mix(self) -> Mix:
+        """The route as the engine runs it (its order kept as `Mix.ranked`; empty: the base model)."""
+        return Mix.of(self.route)
 
     @property
     def confidence(self) -> float:
         return self.route[0][1] if self.route else 0.0
 
     def header(self) -> str:
-        return ",".join(f"{s}={w:.2f}" for s, w in self.route) if self.route else "base"
+        """The x-skillpool-route header: the route as listed, 'base' when empty."""
+        return format_pairs(self.route)
 
 
 @dataclass(frozen=True)

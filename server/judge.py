@@ -10,7 +10,8 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
-from skillpool.adapters_store.lora import LoRAAdapter, Mix
+from skillpool.adapters_store.lora import LoRAAdapter
+from skillpool.adapters_store.mix import Mix
 from skillpool.trainer.judge import Prompt
 
 from .engines import Engine, EngineEvent, EngineRequest, SamplingParams
@@ -48,9 +49,7 @@ class EngineJudge:
 
             ids = self.engine.encode_chat(messages)
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-            self.engine.submit(
-                EngineRequest(f"gate-{next(_ids)}", ids, params, tuple((s, float(w)) for s, w in mix)), sink
-            )
+            self.engine.submit(EngineRequest(f"gate-{next(_ids)}", ids, params, mix), sink)
         for _ in prompts:
             if not left.acquire(timeout=self.timeout_s):
                 raise TimeoutError("the quality gate's probe requests did not finish")

@@ -14,7 +14,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import TypeAlias
 
+from skillpool.adapters_store.mix import Mix
 from skillpool.router import Decision, Router
 
 from .engines import EngineBusy
@@ -23,7 +25,7 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 
-Target = str | tuple[tuple[str, float], ...]  # "auto" | "base" | a skill name | an explicit mix
+Target: TypeAlias = str | Mix  # "auto" | "base" | a skill name | an explicit mix
 
 
 @dataclass
@@ -53,8 +55,8 @@ class RoutingStage:
     async def decide(self, text: str, target: Target) -> Decision:
         """`target`: "auto" routes; "base" is the base model; a skill name or a mix is forced. Raises
         EngineBusy when `max_waiting` requests already wait to be routed."""
-        if isinstance(target, tuple):
-            d = Decision(route=list(target), reason="forced", score=1.0)
+        if isinstance(target, Mix):
+            d = Decision(route=list(target.ranked), reason="forced", score=1.0)
         elif target == "base":
             d = Decision(route=[], reason="base")
         elif target != "auto":

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from skillpool.adapters_store.lora import Mix
+from skillpool.adapters_store.mix import Mix
 from skillpool.adapters_store.store import SkillRecord
 from skillpool.router import Router
 
@@ -53,9 +53,8 @@ def held_out_scores(judge: Judge, tok: Any, key: str, train: list[Example], held
         return {"metric": metric, "score": None, "base_score": None, "trivial_score": None, "n": 0}
     refs, prompts = [e["answer"] for e in held], [e["messages"] for e in held]
     budget = answer_budget(tok, [e["answer"] for e in train])
-    forced: list[Mix] = [[(key, 1.0)]] * len(held)
-    block = per_example(metric, judge.generate(prompts, forced, budget), refs)
-    base = per_example(metric, judge.generate(prompts, [[]] * len(held), budget), refs)
+    block = per_example(metric, judge.generate(prompts, [Mix.of({key: 1.0})] * len(held), budget), refs)
+    base = per_example(metric, judge.generate(prompts, [Mix.base()] * len(held), budget), refs)
     trivial = per_example(metric, [trivial_answer([e["answer"] for e in train])] * len(held), refs)
     reference = max(base, trivial, key=sum)
     gains = [b - r for b, r in zip(block, reference)]
@@ -113,8 +112,8 @@ class PoolProbe:
         budget = answer_budget(tok, [p["answer"] for _, p in rows])
         prompts = [p["messages"] for _, p in rows]
 
-        def keyed(mix: Mix) -> Mix:
-            return [(keys[s], w) for s, w in mix]
+        def keyed(route: list[tuple[str, float]]) -> Mix:
+            return Mix.of([(keys[s], w) for s, w in route])
 
         answers_before = judge.generate(prompts, [keyed(m) for m in before], budget)
         answers_after = list(answers_before)

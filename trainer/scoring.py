@@ -7,8 +7,8 @@ import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from skillpool.adapters_store.lora import Mix
-from skillpool.adapters_store.mixing import LoRABank
+from skillpool.adapters_store.lora_bank import LoRABank
+from skillpool.adapters_store.mix import Mix
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -86,7 +86,8 @@ def generate_greedy(  # type: ignore[no-untyped-def]
         for i in range(0, len(texts), batch_size):
             enc = tokenizer(texts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(next(model.parameters()).device) for k, v in enc.items()}
-            mixing = bank.mixed(mixes[i : i + batch_size]) if bank is not None and mixes is not None else nullcontext()
+            rows = [m.ranked for m in mixes[i : i + batch_size]] if mixes is not None else []
+            mixing = bank.mixed(rows) if bank is not None and mixes is not None else nullcontext()
             with torch.no_grad(), mixing:
                 gen = model.generate(
                     **enc,

@@ -60,7 +60,7 @@ class ChatServing:
             self._count_label(body.expected_skill, decision)
         cid = completion_id()
         sampling = body.to_sampling_params(room, c.cfg.default_max_tokens)
-        events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, tuple(decision.route)))
+        events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, decision.mix))
         try:
             first = await _first_event(request, events)  # submits: a full queue answers 429 before any response
         except EngineBusy as e:

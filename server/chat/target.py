@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from skillpool.adapters_store.mix import Mix
+
 from ..errors import APIError
 from ..routing import Target
 
@@ -35,7 +37,7 @@ def resolve_target(c: Components, model: str) -> Target:
     )
 
 
-def explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
+def explicit_mix(c: Components, model: str) -> Mix:
     mix: dict[str, float] = {}
     for part in model.split(","):
         name, _, raw = part.partition("=")
@@ -58,5 +60,4 @@ def explicit_mix(c: Components, model: str) -> tuple[tuple[str, float], ...]:
         raise APIError(
             400, f"the mix names {len(mix)} skills; this server keeps {cap} loaded", "model", "invalid_value"
         )
-    total = sum(mix.values())
-    return tuple(sorted(((s, w / total) for s, w in mix.items()), key=lambda sw: -sw[1]))
+    return Mix.of(mix)  # renormalized; responses list it heaviest first, ties as written

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .protocol import Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, SamplingParams, mix_error
+from .protocol import Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, SamplingParams
 
 ENGINES = ("hf", "vllm")  # vllm is imported only when chosen (bash setup.sh --engine vllm installs it)
 
@@ -15,5 +15,4 @@ __all__ = [
     "EngineRequest",
     "Mix",
     "SamplingParams",
-    "mix_error",
 ]

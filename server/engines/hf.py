@@ -30,22 +30,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.base_model import resolve_device
-from skillpool.adapters_store.mixing import LoRABank
+from skillpool.adapters_store.lora_bank import LoRABank
 
 from .detokenize import TextStream
 from .kv import KVBatch
 from .prefill import Prefill
 from .prefix import PrefixCache
-from .protocol import (
-    SAMPLING_EPS,
-    AdapterLoader,
-    EngineBusy,
-    EngineDead,
-    EngineEvent,
-    EngineRequest,
-    StreamsEvents,
-    mix_error,
-)
+from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, StreamsEvents
 from .residency import SkillResidency
 from .rows import Row, Sink, deliver, sample
 
@@ -255,15 +246,13 @@ class HFEngine(Prefill, StreamsEvents):
         """Make the row's skills resident and its sampler ready. False (and an error event): it cannot run;
         None: it must wait, every resident slot being in use by running rows."""
         try:
-            if problem := mix_error(s.req.mix):  # the API checks too; a NaN weight must never reach the math
-                raise ValueError(problem)
             s.mix = self.skills.resolve(s.req.mix)
             needed = [k for k, w in s.mix if w != 0.0]
             keep = self._in_use() | reserved | set(needed)  # reserved: skills of rows admitted with this one
             if not self.skills.ensure(needed, keep):
                 return None
             p = s.req.params
-            if p.temperature >= SAMPLING_EPS:
+            if not p.greedy:
                 s.gen = torch.Generator(device=self.device)
                 if p.seed is not None:
                     s.gen.manual_seed(p.seed % 2**64)
@@ -292,7 +281,7 @@ class HFEngine(Prefill, StreamsEvents):
         pos = torch.tensor([[s.position] for s in rows], dtype=torch.long, device=self.device)
         cache, mask = self._kv.step_inputs()
         try:
-            with self.bank.mixed([s.mix for s in rows]):
+            with self.bank.mixed([s.mix.ranked for s in rows]):
                 out = self.model(
                     input_ids=ids, attention_mask=mask, position_ids=pos, **{self.cache_kw: cache}, use_cache=True
                 )

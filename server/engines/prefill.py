@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from skillpool.adapters_store.mixing import LoRABank
+from skillpool.adapters_store.lora_bank import LoRABank
 
 from .kv import KVBatch, growing_cache
 from .prefix import PrefixCache
@@ -98,7 +98,7 @@ class Prefill:
         ids, pos, mask, past = prefill_inputs(group, self.pad_id, self.device)
         cache = past.cache if past is not None else DynamicCache()
         try:
-            with self.bank.mixed([s.mix for s in group], tokens=ids.shape[1]):
+            with self.bank.mixed([s.mix.ranked for s in group], tokens=ids.shape[1]):
                 out = self.model(
                     input_ids=ids,
                     attention_mask=mask,
@@ -125,7 +125,7 @@ class Prefill:
         s.cache = s.cache if s.cache is not None else DynamicCache()
         ids = torch.tensor([list(p[start:end])], dtype=torch.long, device=self.device)
         try:
-            with self.bank.mixed([s.mix], tokens=end - start):
+            with self.bank.mixed([s.mix.ranked], tokens=end - start):
                 out = self.model(
                     input_ids=ids,
                     attention_mask=torch.ones((1, end), dtype=torch.long, device=self.device),

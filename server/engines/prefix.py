@@ -22,16 +22,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from skillpool.adapters_store.mix import Mix
+
 BLOCK = 16  # tokens per cached block (vLLM's default block size)
 
 Layers = list[tuple[Tensor, Tensor]]  # per layer: keys, values of shape (1, heads, tokens, head_dim)
-MixKey = tuple[tuple[str, float], ...]
 
 
 @dataclass(eq=False)
 class _Node:
     id: int
-    mix: MixKey
+    mix: Mix
     siblings: dict[tuple[int, ...], _Node]  # the dict that holds it: its parent's children or its mix's roots
     tokens: tuple[int, ...]
     kv: Layers
@@ -41,7 +42,7 @@ class _Node:
 class PrefixCache:
     def __init__(self, max_tokens: int) -> None:
         self.max_blocks = max_tokens // BLOCK
-        self._roots: dict[MixKey, dict[tuple[int, ...], _Node]] = {}
+        self._roots: dict[Mix, dict[tuple[int, ...], _Node]] = {}
         self._lru: OrderedDict[int, _Node] = OrderedDict()  # every node, least recently used first
         self._ids = itertools.count()
         self.hit_tokens = 0  # prompt tokens whose prefill was skipped, since start
@@ -50,7 +51,7 @@ class PrefixCache:
     def cached_tokens(self) -> int:
         return len(self._lru) * BLOCK
 
-    def lookup(self, mix: MixKey, prompt: Sequence[int]) -> tuple[int, Layers]:
+    def lookup(self, mix: Mix, prompt: Sequence[int]) -> tuple[int, Layers]:
         """The longest cached prefix of whole blocks, at most len(prompt) - 1 tokens (the last one must be
         computed for its logits): its length and its KV concatenated per layer (empty when none)."""
         path: list[_Node] = []
@@ -77,7 +78,7 @@ class PrefixCache:
         caller then extracts its KV; with the cache off or nothing new it need not)."""
         return self.max_blocks > 0 and prompt_len // BLOCK > cached // BLOCK
 
-    def insert(self, mix: MixKey, prompt: Sequence[int], kv: Layers) -> None:
+    def insert(self, mix: Mix, prompt: Sequence[int], kv: Layers) -> None:
         """Keep the KV of the prompt's whole blocks; `kv` holds (1, heads, >= len(prompt), head_dim) per layer,
         the prompt's positions first and without padding."""
         if self.max_blocks == 0:

@@ -3,20 +3,19 @@
 Modelled on vLLM's `EngineClient`: the server, the routing stage and the benchmarks talk to an engine
 only through `Engine`, so a second engine (vLLM) plugs in without touching them. A request carries its
 routing decision already made: `mix` is the weighted set of skills (vLLM's `LoRARequest`, generalised to
-a weighted mix; empty = the base model).
+a weighted mix; empty = the base model). A `Mix` is valid by construction (finite weights summing to 1), and
+a request takes nothing else, so no weight an engine sees can poison a row's logits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from skillpool.adapters_store.lora import LoRAAdapter
-
-Mix = tuple[tuple[str, float], ...]  # ((skill, weight), ...): empty = base model
+from skillpool.adapters_store.mix import Mix
 
 # vLLM's _SAMPLING_EPS: a lower temperature is greedy (dividing logits by it would overflow to inf, then NaN)
 SAMPLING_EPS = 1e-5
@@ -42,13 +41,22 @@ class SamplingParams:
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}")
 
+    @property
+    def greedy(self) -> bool:
+        """Whether the next token is the argmax: temperature 0, or below SAMPLING_EPS."""
+        return self.temperature < SAMPLING_EPS
+
 
 @dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_ids: Sequence[int]
     params: SamplingParams
-    mix: Mix = ()
+    mix: Mix = Mix.base()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mix, Mix):  # raw pairs would skip Mix's checks on their way into the math
+            raise TypeError(f"an engine request's mix must be a Mix, got {type(self.mix).__name__}")
 
 
 @dataclass(frozen=True)
@@ -60,18 +68,6 @@ class EngineEvent:
     finish_reason: str | None = None  # stop | length | abort | error
     error: str | None = None  # with finish_reason "error": what went wrong for this request alone
     not_found: bool = False  # with an error: a skill of the mix is not served (retired since routing): a 404
-
-
-def mix_error(mix: Mix) -> str | None:
-    """Why an engine must not run `mix` (None: it may): each weight finite and >= 0, their sum finite and > 0.
-    Engines check this themselves: a NaN weight reaching the math would poison that row's logits."""
-    for skill, w in mix:
-        if not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0:
-            return f"mix weight of {skill!r} must be a finite number >= 0, got {w!r}"
-    total = sum(float(w) for _, w in mix)
-    if mix and not (math.isfinite(total) and total > 0):
-        return f"mix weights must have a finite positive sum, got {total!r}"
-    return None
 
 
 class EngineDead(Exception):

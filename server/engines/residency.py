@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from skillpool.adapters_store.mixing import LoRABank
+from skillpool.adapters_store.lora_bank import LoRABank
 
 from .protocol import AdapterLoader, Mix
 
@@ -39,13 +39,13 @@ class SkillResidency:
 
     def resolve(self, mix: Mix) -> Mix:
         """The mix with each skill's current version key; KeyError for a skill this engine does not serve."""
-        out = []
-        for name, w in mix:
-            key = self._current.get(name)
-            if key is None:
-                raise KeyError(f"skill {name!r} is not served by this engine (retired or never added)")
-            out.append((key, w))
-        return tuple(out)
+        return mix.renamed(self._key)
+
+    def _key(self, name: str) -> str:
+        key = self._current.get(name)
+        if key is None:
+            raise KeyError(f"skill {name!r} is not served by this engine (retired or never added)")
+        return key
 
     def ensure(self, keys: Iterable[str], keep: set[str]) -> bool:
         """Make these versions resident, evicting the least recently used ones not in `keep`. False: no slot

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from .detokenize import TextStream
 from .kv import KVBatch
 from .prefix import PrefixCache
-from .protocol import SAMPLING_EPS, EngineEvent, EngineRequest, Mix
+from .protocol import EngineEvent, EngineRequest, Mix
 
 log = logging.getLogger(__name__)
 Sink = Callable[[EngineEvent], None]
@@ -31,7 +31,7 @@ class Row:
     past: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # a cached prefix's KV, per layer
     past_len: int = 0  # its tokens: the prefill starts after them
     past_mix: Mix | None = None  # the mix the prefix was looked up for (None: not yet)
-    mix: Mix = ()  # the request's mix with each skill's resident version key
+    mix: Mix = Mix.base()  # the request's mix with each skill's resident version key
     out: int = 0  # completion tokens so far
     last: int = -1  # the newest token, the next decode step's input
     finished: bool = False
@@ -46,7 +46,7 @@ class Row:
         try:
             self.past_mix = resolve(self.req.mix)
         except KeyError:  # its admission will fail with this error
-            self.past_mix = ()
+            self.past_mix = Mix.base()
             return
         self.past_len, self.past = prefix.lookup(self.past_mix, self.req.prompt_ids)
 
@@ -81,7 +81,7 @@ def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
         p = s.req.params
         if not finite[i]:
             out.append(None)
-        elif p.temperature < SAMPLING_EPS or s.gen is None:
+        elif p.greedy or s.gen is None:
             out.append(int(greedy[i]))
         else:
             out.append(_draw(logits[i], p.temperature, p.top_p, s.gen))

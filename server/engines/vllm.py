@@ -1,7 +1,7 @@
 """The `vllm` engine: vLLM's AsyncLLM (paged attention, continuous batching, multi-LoRA) behind our contract.
 
 vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
-(adapters_store/concat.py), planned and cached by mixes.py: weights on a 1/16 grid, one folder per distinct
+(adapters_store/concat.py), planned and cached by vllm_adapters.py: weights on a 1/16 grid, one folder per distinct
 plan with a never-reused LoRA id, held while requests use it. AsyncLLM lives on its own event loop in a
 thread of ours: `submit` may be called from any thread (the API's loop, the quality gate's thread), and
 closing a request's task is vLLM's abort.
@@ -27,18 +27,9 @@ from transformers import AutoConfig, AutoTokenizer
 from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_adapter
 
-from .mixes import MixAdapter, MixCache, MixPlan, plan_mix
-from .protocol import (
-    SAMPLING_EPS,
-    AdapterLoader,
-    EngineBusy,
-    EngineDead,
-    EngineEvent,
-    EngineRequest,
-    StreamsEvents,
-    mix_error,
-)
+from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, StreamsEvents
 from .rows import Sink
+from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix
 
 log = logging.getLogger(__name__)
 
@@ -261,13 +252,13 @@ class VLLMEngine(StreamsEvents):
 
         self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(remove()))
 
-    def plan(self, mix: Sequence[tuple[str, float]]) -> MixPlan:
+    def plan(self, mix: Mix) -> MixPlan:
         """The adapter plan for a routing decision (blocking: reads a skill's weights once to learn its rank)."""
         with self._lock:
-            missing = [s for s, w in mix if w > 0 and s not in self._current]
+            missing = [s for s, w in mix.ranked if w > 0 and s not in self._current]
             if missing:
                 raise KeyError(f"skill {missing[0]!r} is not served by this engine (retired or never added)")
-            resolved = [(self._current[s], float(w)) for s, w in mix if w > 0]
+            resolved = [(self._current[s], w) for s, w in mix.ranked if w > 0]
         for key, _ in resolved:
             if key not in self._ranks:
                 self._ranks[key] = adapter_rank(self._loader(key)())
@@ -315,8 +306,6 @@ class VLLMEngine(StreamsEvents):
         held: MixPlan | None = None
         try:
             try:
-                if problem := mix_error(req.mix):  # the API checks too; never trust a weight into the math
-                    raise ValueError(problem)
                 plan = await asyncio.to_thread(self.plan, req.mix)
                 if plan.capped:
                     self._capped += 1
@@ -329,7 +318,7 @@ class VLLMEngine(StreamsEvents):
                 p = req.params
                 params = SamplingParams(
                     max_tokens=p.max_tokens,
-                    temperature=p.temperature if p.temperature >= SAMPLING_EPS else 0.0,  # as the hf engine: greedy
+                    temperature=0.0 if p.greedy else p.temperature,  # as the hf engine
                     top_p=p.top_p,
                     seed=None if p.seed is None else p.seed % 2**63,
                     stop=list(p.stop) or None,

@@ -17,7 +17,7 @@ from skillpool.adapters_store.lora import (
     mix_delta,
     save_peft_adapter,
 )
-from skillpool.adapters_store.mixing import LoRABank
+from skillpool.adapters_store.lora_bank import LoRABank
 
 from .test_lora import TARGETS, random_adapter, tiny_llama
 

@@ -10,7 +10,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
-from skillpool.adapters_store.mixing import LoRABank
+from skillpool.adapters_store.lora_bank import LoRABank
 
 TARGETS = ("q_proj", "v_proj", "o_proj")
 

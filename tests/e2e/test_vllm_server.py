@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from skillpool.adapters_store.mix import Mix
 from skillpool.server.engines import EngineRequest, SamplingParams
 from tests.conftest import dataset_dir
 
@@ -81,7 +82,7 @@ def test_greedy_answers_equal_the_hf_engine(server, smollm) -> None:  # type: ig
         ids = hf.encode_chat([{"role": "user", "content": PROMPT}])
 
         async def hf_answer(mix: tuple[tuple[str, float], ...]) -> str:
-            req = EngineRequest(f"hf-{len(mix)}", ids, SamplingParams(max_tokens=24, temperature=0.0), mix)
+            req = EngineRequest(f"hf-{len(mix)}", ids, SamplingParams(max_tokens=24, temperature=0.0), Mix.of(mix))
             return "".join([ev.text async for ev in hf.generate(req)])
 
         for model, mix in ((BASE, ()), (names[0], ((names[0], 1.0),))):

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from skillpool.adapters_store.lora import LoRAAdapter
+from skillpool.adapters_store.mix import Mix
 from skillpool.server.engines import EngineBusy, EngineEvent, EngineRequest, SamplingParams
 from skillpool.server.engines.hf import HFEngine
 from tests.adapters_store.test_lora import random_adapter
@@ -54,7 +55,7 @@ class Run:
         )
         self.id = f"r{next(_ids)}"
         ids = kw.get("prompt_ids") or engine.encode_chat([{"role": "user", "content": prompt}])
-        engine.submit(EngineRequest(self.id, ids, params, tuple(mix)), self._sink)
+        engine.submit(EngineRequest(self.id, ids, params, Mix.of(mix)), self._sink)
 
     def _sink(self, ev: EngineEvent) -> None:
         self.events.append((next(self.clock), ev))

@@ -29,26 +29,6 @@ def error_of(r: Run) -> str:
     return r.events[-1][1].error or ""
 
 
-@pytest.mark.parametrize(
-    "mix",
-    [
-        (("one", math.nan),),
-        (("one", math.inf), ("two", 1.0)),
-        (("one", 1e308), ("two", 1e308)),  # each finite, the sum is not
-        (("one", -1.0), ("two", 1.0)),
-    ],
-    ids=["nan", "inf", "sum-overflows", "negative"],
-)
-def test_a_mix_with_bad_weights_fails_alone_and_the_engine_serves_on(fresh: HFEngine, mix) -> None:  # type: ignore[no-untyped-def]
-    good = [Run(fresh, "Hello there", (("one", 1.0),), max_tokens=8), Run(fresh, "What is this?", max_tokens=8)]
-    bad = Run(fresh, "Hello there", mix, max_tokens=8, temperature=0.7, seed=1)
-    assert "mix weight" in error_of(bad)
-    assert [g.result() for g in good] == run(
-        fresh, ["Hello there", "What is this?"], [(("one", 1.0),), ()], max_tokens=8
-    )
-    assert fresh.healthy()
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_row_with_non_finite_logits_fails_alone(tiny_base, fresh: HFEngine, temperature: float) -> None:  # type: ignore[no-untyped-def]
     good_one = adapter(tiny_base, 4, 8, 7)

@@ -7,6 +7,7 @@ import time
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from skillpool.adapters_store.mix import Mix
 from skillpool.server.engines.hf import HFEngine
 from skillpool.server.judge import EngineJudge
 from skillpool.trainer.judge import LocalJudge
@@ -28,7 +29,7 @@ def test_engine_judge_answers_like_the_local_judge_and_removes_its_candidate(tin
         assert keys[0][1] != "new" and "@" in keys[0][1]  # a key no request can name
         answers = []
         for j, (k_one, k_new) in zip(judges, keys):
-            mixes = [[(k_new, 1.0)], [], [(k_one, 0.5), (k_new, 0.5)]]
+            mixes = [Mix.of({k_new: 1.0}), Mix.base(), Mix.of([(k_one, 0.5), (k_new, 0.5)])]
             answers.append(j.generate(PROMPTS, mixes, 10))
         assert answers[0] == answers[1]
         assert len(set(answers[0])) == 3  # the mixes really differ

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from skillpool.adapters_store.mix import Mix
 from skillpool.server.engines.hf import HFEngine
 from skillpool.server.engines.prefix import BLOCK, PrefixCache
 from tests.server.test_engine import make_engine, run
+
+BASE = Mix.base()
 
 
 def kv_of(tokens: int, seed: float, layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -19,26 +22,26 @@ def kv_of(tokens: int, seed: float, layers: int = 2) -> list[tuple[torch.Tensor,
 def test_lookup_returns_whole_cached_blocks_of_the_same_mix_and_leaves_one_token_to_compute() -> None:
     cache = PrefixCache(max_tokens=64 * BLOCK)
     prompt = list(range(3 * BLOCK))
-    cache.insert((), prompt, kv_of(len(prompt), 100.0))
+    cache.insert(BASE, prompt, kv_of(len(prompt), 100.0))
     assert cache.cached_tokens == 3 * BLOCK
-    n, kv = cache.lookup((), prompt + [7])  # three whole blocks, then one token of its own
+    n, kv = cache.lookup(BASE, prompt + [7])  # three whole blocks, then one token of its own
     assert n == 3 * BLOCK and kv[0][0].shape == (1, 3, 3 * BLOCK, 4)
     assert torch.equal(kv[1][0][0, 0, :, 0], torch.arange(3 * BLOCK, dtype=torch.float32) + 100.0)
     assert torch.equal(kv[1][1], -kv[1][0])
-    assert cache.lookup((), prompt)[0] == 2 * BLOCK  # the last token must be computed for its logits
-    assert cache.lookup((), prompt[:BLOCK] + [999] + prompt[BLOCK + 1 :])[0] == BLOCK  # diverges in block 2
-    assert cache.lookup((("skill@1", 1.0),), prompt + [7])[0] == 0  # another mix computes other KV
-    assert cache.lookup((), [1] + prompt)[0] == 0
+    assert cache.lookup(BASE, prompt)[0] == 2 * BLOCK  # the last token must be computed for its logits
+    assert cache.lookup(BASE, prompt[:BLOCK] + [999] + prompt[BLOCK + 1 :])[0] == BLOCK  # diverges in block 2
+    assert cache.lookup(Mix.of({"skill@1": 1.0}), prompt + [7])[0] == 0  # another mix computes other KV
+    assert cache.lookup(BASE, [1] + prompt)[0] == 0
     assert cache.hit_tokens == 3 * BLOCK + 2 * BLOCK + BLOCK
 
 
 def test_a_partial_block_is_not_cached_and_shared_blocks_are_stored_once() -> None:
     cache = PrefixCache(max_tokens=64 * BLOCK)
     a, b = list(range(2 * BLOCK + 5)), list(range(BLOCK)) + [500 + i for i in range(BLOCK + 3)]
-    cache.insert((), a, kv_of(len(a), 0.0))
-    cache.insert((), b, kv_of(len(b), 1000.0))
+    cache.insert(BASE, a, kv_of(len(a), 0.0))
+    cache.insert(BASE, b, kv_of(len(b), 1000.0))
     assert cache.cached_tokens == 3 * BLOCK  # a's two blocks, b's second one; the shared first block once
-    n, kv = cache.lookup((), b + [1])
+    n, kv = cache.lookup(BASE, b + [1])
     assert n == 2 * BLOCK
     # the first block is a's (inserted first), the second b's own
     assert kv[0][0][0, 0, 0, 0] == 0.0 and kv[0][0][0, 0, BLOCK, 0] == 1000.0 + BLOCK
@@ -47,21 +50,21 @@ def test_a_partial_block_is_not_cached_and_shared_blocks_are_stored_once() -> No
 def test_memory_is_bounded_and_the_least_recently_used_leaves_go_first() -> None:
     cache = PrefixCache(max_tokens=4 * BLOCK)
     hot, cold, new = ([s * 1000 + i for i in range(2 * BLOCK)] for s in (1, 2, 3))
-    cache.insert((), hot, kv_of(2 * BLOCK, 0.0))
-    cache.insert((), cold, kv_of(2 * BLOCK, 0.0))
-    assert cache.lookup((), hot + [0])[0] == 2 * BLOCK  # hot is used again: cold is now the oldest
-    cache.insert((), new, kv_of(2 * BLOCK, 0.0))
+    cache.insert(BASE, hot, kv_of(2 * BLOCK, 0.0))
+    cache.insert(BASE, cold, kv_of(2 * BLOCK, 0.0))
+    assert cache.lookup(BASE, hot + [0])[0] == 2 * BLOCK  # hot is used again: cold is now the oldest
+    cache.insert(BASE, new, kv_of(2 * BLOCK, 0.0))
     assert cache.cached_tokens == 4 * BLOCK
-    assert cache.lookup((), hot + [0])[0] == 2 * BLOCK
-    assert cache.lookup((), new + [0])[0] == 2 * BLOCK
-    assert cache.lookup((), cold + [0])[0] == 0  # both its blocks left, leaf first
+    assert cache.lookup(BASE, hot + [0])[0] == 2 * BLOCK
+    assert cache.lookup(BASE, new + [0])[0] == 2 * BLOCK
+    assert cache.lookup(BASE, cold + [0])[0] == 0  # both its blocks left, leaf first
     assert PrefixCache(max_tokens=0).cached_tokens == 0
 
 
 def test_a_zero_size_cache_keeps_nothing() -> None:
     cache = PrefixCache(max_tokens=0)
-    cache.insert((), list(range(4 * BLOCK)), kv_of(4 * BLOCK, 0.0))
-    assert cache.cached_tokens == 0 and cache.lookup((), list(range(5 * BLOCK)))[0] == 0
+    cache.insert(BASE, list(range(4 * BLOCK)), kv_of(4 * BLOCK, 0.0))
+    assert cache.cached_tokens == 0 and cache.lookup(BASE, list(range(5 * BLOCK)))[0] == 0
 
 
 INSTRUCTION = (

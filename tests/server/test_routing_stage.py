@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from skillpool.adapters_store.mix import Mix
 from skillpool.router import Decision, Router
 from skillpool.server.engines import EngineBusy
 from skillpool.server.metrics import Metrics
@@ -45,7 +46,7 @@ def test_forced_and_base_need_no_router(embedder) -> None:  # type: ignore[no-un
     try:
         forced = asyncio.run(stage.decide("x", "agnews"))
         base = asyncio.run(stage.decide("x", "base"))
-        mix = asyncio.run(stage.decide("x", (("a", 0.75), ("b", 0.25))))
+        mix = asyncio.run(stage.decide("x", Mix.of({"a": 0.75, "b": 0.25})))
     finally:
         stage.close()
     assert router.calls == []

@@ -12,7 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.lora import LoRAAdapter, load_peft_adapter, save_peft_adapter
-from skillpool.adapters_store.mixing import LoRABank, MixedLoRALinear, weighted_mix
+from skillpool.adapters_store.lora_bank import LoRABank
+from skillpool.adapters_store.mixed_layer import MixedLoRALinear
+from skillpool.adapters_store.training_mix import weighted_mix
 from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.loop import Cancelled, Progress, answer_loss, checkpointing_active, collate

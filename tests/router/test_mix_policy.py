@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from skillpool.router import RouterSettings
-from skillpool.router.mix import slot_weights, top_mix
+from skillpool.router.mix_policy import slot_weights, top_mix
 
 
 def test_a_clear_winner_is_served_alone_and_a_torn_router_mixes() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, load_peft_adapter, mix_delta
-from skillpool.server.engines.mixes import MixAdapter, MixCache, MixPlan, plan_mix, round_to_grid
+from skillpool.server.engines.vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix, round_to_grid
 
 
 def adapter(seed: int, rank: int = 2) -> LoRAAdapter:
