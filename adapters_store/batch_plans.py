@@ -51,8 +51,8 @@ class RowBlocks:
     U skills of the batch with `scale` zero outside a row's own blocks. Shared blocks suit decode over a small
     pool (16 rows of k=3 mixes over 10 skills: 10 blocks instead of 48): fewer bytes read per step, and a
     row joining or leaving changes only the scales, where per-row blocks copy b * k blocks of every module
-    again (18 ms per composition on SmolLM2 here, with one every ~2 decode steps at 16 clients; the layouts'
-    step time, with and without that churn: load_tests/bench_mix_layout.py). Prefill of different mixes,
+    again (cost in docs/serving.md; the layouts' step time, with and without that churn:
+    load_tests/bench_mix_layout.py). Prefill of different mixes,
     where the multiply-adds are, stays per row.
 
     The LoRAX/Punica way: each row multiplies only by its own k blocks, gathered once per batch from the
@@ -60,7 +60,7 @@ class RowBlocks:
     batch's skills (16 rows with distinct k=3 mixes would otherwise stack 48 blocks for every row). A gather
     is one contiguous index_select per factor (the stacks keep A as (r, in) and B transposed as (r, out)),
     and the weights scale the rank-sized intermediate, so a new batch composition copies blocks and nothing
-    else: 15x cheaper per module than fancy-indexing, permuting and scaling B (decode shapes, 2 threads).
+    else: far cheaper per module than fancy-indexing, permuting and scaling B (docs/serving.md).
     """
 
     A: Tensor  # (batch, k * r_max, in): row b's blocks' A, stacked (zero rows pad a short mix or rank); or (U * r_max, in)

@@ -54,7 +54,7 @@ class _ModuleStack:
 class _Buffers:
     """Gather targets of one cached batch composition, reused by the composition that later takes its
     place: writing a new composition's blocks into freshly allocated memory costs a page fault per page,
-    which made a 16-row gather ~15x slower than the copy itself (450 vs 27 us per index_select here)."""
+    which made a gather many times slower than the copy itself (docs/serving.md)."""
 
     def __init__(self) -> None:
         self.tensors: dict[tuple[str, str], Tensor] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_base_model
 from skillpool.adapters_store.store import SkillStore
@@ -32,15 +33,19 @@ def serving_busy(engine: Engine) -> bool:
 
 def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = None) -> Engine:
     """The engine `cfg.engine` names, for this base model."""
+    # what both engines take from the same settings
+    batching: dict[str, Any] = {
+        "device": cfg.device,
+        "max_num_seqs": cfg.max_batch_size,
+        "max_batched_tokens": cfg.max_batched_tokens,
+        "max_waiting": cfg.max_waiting,
+    }
     if cfg.engine == "hf":
         from .engines.hf import HFEngine
 
         return HFEngine(
             base.path,
-            device=cfg.device,
-            max_num_seqs=cfg.max_batch_size,
-            max_batched_tokens=cfg.max_batched_tokens,
-            max_waiting=cfg.max_waiting,
+            **batching,
             max_loaded_skills=cfg.max_loaded_skills,
             prefix_cache_tokens=cfg.prefix_cache_tokens,
             on_step=metrics.batch_size.observe if metrics is not None else None,
@@ -56,10 +61,7 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             base.path,
             cfg.data_dir / "cache",
             base_model_id=base.model_id,
-            device=cfg.device,
-            max_num_seqs=cfg.max_batch_size,
-            max_batched_tokens=cfg.max_batched_tokens,
-            max_waiting=cfg.max_waiting,
+            **batching,
             max_model_len=cfg.max_model_len,
             max_loras=cfg.max_loras,
             max_cpu_loras=cfg.max_cpu_loras,

@@ -4,8 +4,7 @@ Every layer holds keys/values of shape (rows, heads, T, head_dim) in a transform
 `mask` (rows, T) marks each row's real positions. Rows are left-padded to the longest, so one decode
 step appends one column for all rows. Columns that no row uses any more are trimmed when rows leave.
 The layers keep spare columns (`SPARE`): a decode step writes its column in place, where DynamicLayer
-would concatenate, i.e. copy the whole cache of every layer at every step (a third of a 16-row step's
-time on a CPU, measured with torch.profiler).
+would concatenate, i.e. copy the whole cache of every layer at every step (its cost: docs/serving.md).
 """
 
 from __future__ import annotations
