@@ -189,12 +189,13 @@ def test_one_job_at_a_time_holds_a_skill_name_across_servers(redis_url: str) -> 
 def test_the_redis_worker_survives_any_error_in_a_job(redis_url: str, tmp_path: Path) -> None:
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     server = RedisJobQueue(redis_url, None, prefix=prefix)
+    broken = _job("broken")
+    server.submit(broken, [], CFG)
+    server.r.set(server.keys.data(broken.id), "{not json")  # what no worker can read
+    good = server.submit(_job("good"), [], CFG)
+    # the worker starts after the data is broken: started first, it could claim the job before that
     worker = RedisJobQueue(redis_url, _storing(SkillStore(tmp_path)), prefix=prefix, lease_s=5)
     try:
-        broken = _job("broken")
-        server.submit(broken, [], CFG)
-        server.r.set(server.keys.data(broken.id), "{not json")  # what no worker can read
-        good = server.submit(_job("good"), [], CFG)
         until(lambda: (server.get(good.id) or good).status in TERMINAL, timeout=30)
         done = server.get(broken.id)
         assert done is not None and done.status == JobStatus.FAILED and done.error_code == "training_error"
