@@ -6,10 +6,13 @@ import logging
 import time
 from typing import Any
 
-from skillpool.adapters_store.base_model import BaseModel, resolve_base_model
+from transformers import AutoConfig
+
+from skillpool.adapters_store.base_model import BaseModel, resolve_base_model, resolve_device
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router.build import make_router
 from skillpool.router.embedder import Embedder
+from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.jobs import JobQueue, LocalJobQueue
 from skillpool.trainer.redis_jobs import RedisJobQueue
 from skillpool.trainer.runner import make_runner
@@ -19,6 +22,7 @@ from .components import Components
 from .config import ServerConfig
 from .engines import Engine
 from .judge import EngineJudge
+from .memory import MemoryPlanError, ModelShape, plan_vllm, trainer_need
 from .metrics import Metrics
 from .routing import RoutingStage
 from .skills import SkillPool
@@ -49,6 +53,8 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             max_loaded_skills=cfg.max_loaded_skills,
             prefix_cache_tokens=cfg.prefix_cache_tokens,
             on_step=metrics.batch_size.observe if metrics is not None else None,
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+            kv_reserve_bytes=_trainer_reserve(cfg, base),
         )
     if cfg.engine == "vllm":
         try:
@@ -66,8 +72,41 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             max_loras=cfg.max_loras,
             max_cpu_loras=cfg.max_cpu_loras,
             max_lora_rank=cfg.max_lora_rank,
+            gpu_memory_utilization=vllm_utilization(cfg, base),
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
         )
     raise ValueError(f"unknown engine {cfg.engine!r}")
+
+
+def _cuda(cfg: ServerConfig) -> bool:
+    return resolve_device(cfg.device).startswith("cuda")
+
+
+def _trainer_reserve(cfg: ServerConfig, base: BaseModel) -> int:
+    """GPU bytes the hf engine's KV budget leaves for the in-process trainer (its estimate at the defaults)."""
+    if not (cfg.run_trainer and _cuda(cfg)):
+        return 0
+    return trainer_need(ModelShape.from_config(AutoConfig.from_pretrained(str(base.path))), TrainConfig()).total
+
+
+def vllm_utilization(cfg: ServerConfig, base: BaseModel) -> float | None:
+    """vLLM's gpu_memory_utilization on CUDA, leaving the in-process trainer its estimate (server/memory.py);
+    None on CPU, where vLLM ignores it. A GPU that cannot hold both stops the start with the numbers."""
+    if not _cuda(cfg) or cfg.kv_cache_memory_bytes is not None:  # vLLM sizes by bytes then, not by share
+        return cfg.gpu_memory_utilization
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    config = AutoConfig.from_pretrained(str(base.path))
+    max_len = cfg.max_model_len or int(getattr(config, "max_position_embeddings", 2048))
+    train = TrainConfig() if cfg.run_trainer else None
+    try:
+        plan = plan_vllm(total, free, ModelShape.from_config(config), 2, max_len, train, cfg.gpu_memory_utilization)
+    except MemoryPlanError as e:
+        raise SystemExit(f"skillpool serve: {e}") from None
+    if plan.trainer is not None:
+        log.info("vLLM takes %.4f of the GPU; the trainer's estimate is %d bytes", plan.utilization, plan.trainer.total)
+    return plan.utilization
 
 
 def build_components(

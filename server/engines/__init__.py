@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from .protocol import Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, SamplingParams
+from .protocol import (
+    Engine,
+    EngineBusy,
+    EngineDead,
+    EngineEvent,
+    EngineRequest,
+    Mix,
+    RequestTooLarge,
+    SamplingParams,
+)
 
 ENGINES = ("hf", "vllm")  # vllm is imported only when chosen (bash setup.sh --engine vllm installs it)
 
@@ -14,5 +23,6 @@ __all__ = [
     "EngineEvent",
     "EngineRequest",
     "Mix",
+    "RequestTooLarge",
     "SamplingParams",
 ]

