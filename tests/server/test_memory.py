@@ -58,6 +58,13 @@ def test_7b_trainer_with_default_settings_does_not_fit_beside_vllm_on_80gb() -> 
     with pytest.raises(MemoryPlanError) as e:
         plan_vllm(H100, H100, LLAMA_7B, 2, 4096, TrainConfig())
     assert "--no-trainer" in str(e.value) and "skillpool worker" in str(e.value)
+    assert "trainer alone needs about 76" in str(e.value)  # GiB: float32 weights and activations at 8 × 512
+
+
+def test_7b_trainer_with_checkpointing_leaves_vllm_part_of_80gb() -> None:
+    plan = plan_vllm(H100, H100, LLAMA_7B, 2, 4096, TrainConfig(gradient_checkpointing="on"))
+    assert 0.5 < plan.utilization < 0.65
+    assert H100 * plan.utilization >= vllm_need(LLAMA_7B, 2, 4096)
 
 
 def test_auto_utilization_leaves_the_trainer_its_estimate() -> None:
