@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from transformers import LlamaConfig
 
@@ -95,3 +97,21 @@ def test_utilization_out_of_range_is_refused() -> None:
 def test_more_than_is_free_is_refused() -> None:
     with pytest.raises(MemoryPlanError, match="free"):
         plan_vllm(H100, H100 // 2, LLAMA_7B, 2, 4096, None)
+
+
+def test_serve_reads_the_gpu_and_stops_with_the_numbers(tiny_base, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The wiring on a CPU machine: the GPU's free and total bytes are the one input faked (there is no GPU)."""
+    import torch
+
+    from skillpool.server.bootstrap import vllm_utilization
+    from skillpool.server.config import ServerConfig
+
+    cfg = ServerConfig(data_dir=tmp_path, device="cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 10**9, 80 * 10**9))
+    util = vllm_utilization(cfg, tiny_base)
+    assert util is not None and 0.9 < util < 1  # a tiny model's trainer leaves vLLM nearly all of it
+    assert vllm_utilization(replace(cfg, run_trainer=False), tiny_base) == 0.9
+    assert vllm_utilization(replace(cfg, device="cpu", gpu_memory_utilization=0.5), tiny_base) == 0.5  # ignored
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (GIB // 2, GIB // 2))
+    with pytest.raises(SystemExit, match="--no-trainer"):
+        vllm_utilization(cfg, tiny_base)
