@@ -47,15 +47,18 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
     if cfg.engine == "hf":
         from .engines.hf import HFEngine
 
-        return HFEngine(
-            base.path,
-            **batching,
-            max_loaded_skills=cfg.max_loaded_skills,
-            prefix_cache_tokens=cfg.prefix_cache_tokens,
-            on_step=metrics.batch_size.observe if metrics is not None else None,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            kv_reserve_bytes=_trainer_reserve(cfg, base),
-        )
+        try:
+            return HFEngine(
+                base.path,
+                **batching,
+                max_loaded_skills=cfg.max_loaded_skills,
+                prefix_cache_tokens=cfg.prefix_cache_tokens,
+                on_step=metrics.batch_size.observe if metrics is not None else None,
+                kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+                kv_reserve_bytes=_trainer_reserve(cfg, base),
+            )
+        except MemoryPlanError as e:  # the KV budget and the trainer cannot share this GPU
+            raise SystemExit(f"skillpool serve: {e}") from None
     if cfg.engine == "vllm":
         try:
             import vllm  # noqa: F401

@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any
+
+from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from skillpool.router import RouterSettings
 from skillpool.router.flags import add_router_flags, router_settings
@@ -31,6 +34,15 @@ class Option:
     per: float = 1.0  # flag units per field unit: 1000 for a flag in ms of a field in s (the flag is a float)
     choices: tuple[str, ...] | None = None
     negate: str | None = None  # a bool field set False by this store_true flag (`--no-trainer`)
+    parse: Callable[[str], Any] | None = None  # the flag's own parser, where the field's type is not enough
+
+
+def byte_size(text: str) -> int:
+    """A flag's size: bytes, or a number with a unit (20GiB, 512MiB, 1.5GB), as pydantic's ByteSize reads it."""
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with a unit: 20GiB, 512MiB)") from None
 
 
 def option(default: Any, help: str, *names: str, **kw: Any) -> Any:
@@ -96,11 +108,12 @@ class ServerConfig:
     )
     kv_cache_memory_bytes: int | None = option(
         None,
-        "KV cache bytes (vLLM's flag). hf: requests reserve prompt + max_tokens of it and wait while it is full; "
+        "KV cache size: bytes or 20GiB, 512MiB (vLLM's flag). hf: requests reserve prompt + max_tokens of it and wait while it is full; "
         "default on CUDA 0.8 of the memory free after the weights and the trainer's estimate, on CPU no limit. "
         "vllm on CUDA: passed to vLLM (which then ignores --gpu-memory-utilization); ignored on CPU",
         "--kv-cache-memory-bytes",
         "--kv-cache-memory",
+        parse=byte_size,
     )
     default_max_tokens: int = option(512, "max_tokens of a request that gives none (at most the context left)")
     max_upload_bytes: int = option(50 * 2**20, "dataset uploads beyond this (MiB): 413", "--max-upload-mb", per=2**-20)
@@ -137,7 +150,13 @@ class ServerConfig:
             if opt.per != 1.0:  # named after the flag's unit (BATCH_WINDOW_MS), not the field's
                 kind, default, metavar = float, default * opt.per, names[0][2:].replace("-", "_").upper()
             p.add_argument(
-                *names, dest=f.name, type=kind, default=default, choices=opt.choices, metavar=metavar, help=opt.help
+                *names,
+                dest=f.name,
+                type=opt.parse or kind,
+                default=default,
+                choices=opt.choices,
+                metavar=metavar,
+                help=opt.help,
             )
 
     @classmethod

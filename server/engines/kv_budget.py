@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..memory import ModelShape, kv_bytes_per_token
+from ..memory import MemoryPlanError, ModelShape, kv_bytes_per_token
 from .kv import SPARE
 from .protocol import EngineRequest
 
@@ -32,7 +32,7 @@ class KVBudget:
             rows = budget_bytes - prefix_tokens * bytes_per_token
             self.tokens = rows // bytes_per_token
             if self.cost([1]) > self.tokens:
-                raise ValueError(
+                raise MemoryPlanError(
                     f"--kv-cache-memory-bytes {budget_bytes} holds {budget_bytes // bytes_per_token} tokens of KV "
                     f"({bytes_per_token} bytes each): not even the prefix cache's {prefix_tokens} and one short "
                     "request. Raise it or lower --prefix-cache-tokens"
@@ -56,7 +56,7 @@ class KVBudget:
             free, _ = torch.cuda.mem_get_info(device)
             budget_bytes = int((free - reserve_bytes) * CUDA_SHARE)
             if budget_bytes <= 0:
-                raise ValueError(
+                raise MemoryPlanError(
                     f"no GPU memory left for the KV cache: {free} bytes free after the weights, {reserve_bytes} "
                     "kept for the in-process trainer. Train elsewhere (--redis-url URL --no-trainer, and "
                     "`skillpool worker` on another GPU) or set --kv-cache-memory-bytes"

@@ -108,6 +108,7 @@ def test_environment_gives_the_key_defaults(monkeypatch: pytest.MonkeyPatch) -> 
         (["--engine", "tgi"], "--engine: invalid choice: 'tgi'"),
         (["--max-upload-mb", "lots"], "--max-upload-mb: invalid float value: 'lots'"),
         (["--router-format-gate", "maybe"], "--router-format-gate/--format-gate: invalid choice: 'maybe'"),
+        (["--kv-cache-memory-bytes", "lots"], "not a size: 'lots'"),
     ],
 )
 def test_a_bad_value_is_an_argparse_error(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,3 +116,10 @@ def test_a_bad_value_is_an_argparse_error(argv: list[str], needle: str, capsys: 
         parser().parse_args(argv)
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_memory_flags_take_vllms_names_and_sizes_with_units() -> None:
+    assert config("--kv-cache-memory-bytes", "20GiB").kv_cache_memory_bytes == 20 * 2**30
+    assert config("--kv-cache-memory", "1000").kv_cache_memory_bytes == 1000
+    assert config("--gpu-memory-utilization", "0.5").gpu_memory_utilization == 0.5
+    assert (config().kv_cache_memory_bytes, config().gpu_memory_utilization) == (None, None)

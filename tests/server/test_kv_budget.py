@@ -46,7 +46,8 @@ def test_no_budget_admits_everything() -> None:
     assert budget.fits([512] * 1000) and budget.max_request is None
 
 
-def test_six_requests_with_room_for_two_all_finish_never_more_than_two_at_once(tiny_base) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("chunked", [False, True])
+def test_six_requests_with_room_for_two_all_finish_never_more_than_two_at_once(tiny_base, chunked: bool) -> None:  # type: ignore[no-untyped-def]
     rows: list[int] = []
     engine = HFEngine(
         tiny_base.path,
@@ -54,6 +55,8 @@ def test_six_requests_with_room_for_two_all_finish_never_more_than_two_at_once(t
         prefix_cache_tokens=0,
         kv_cache_memory_bytes=(TWO_ROWS + 10) * TINY_KV_BYTES,
         on_step=rows.append,
+        # chunked: a step's 12 tokens are fewer than a prompt's 20, so every prompt is prefilled in chunks
+        **({"max_num_seqs": 4, "max_batched_tokens": 12} if chunked else {}),
     )
     try:
         assert engine.kv_budget.bytes_per_token == TINY_KV_BYTES
