@@ -108,9 +108,10 @@ class ServerConfig:
     )
     kv_cache_memory_bytes: int | None = option(
         None,
-        "KV cache size: bytes or 20GiB, 512MiB (vLLM's flag). hf: requests reserve prompt + max_tokens of it and wait while it is full; "
-        "default on CUDA 0.8 of the memory free after the weights and the trainer's estimate, on CPU no limit. "
-        "vllm on CUDA: passed to vLLM (which then ignores --gpu-memory-utilization); ignored on CPU",
+        "KV cache size: bytes, or 20GiB, 512MiB (vLLM's flag). hf: requests reserve prompt + max_tokens of it "
+        "and wait while it is full; default on CUDA 0.8 of the memory free after the weights and the trainer's "
+        "estimate, on CPU no limit. vllm on CUDA: passed to vLLM (which then ignores --gpu-memory-utilization); "
+        "ignored on CPU",
         "--kv-cache-memory-bytes",
         "--kv-cache-memory",
         parse=byte_size,
