@@ -1,4 +1,4 @@
-"""The mix-LoRA operation of `ops.py` as two fused Triton kernels (docs/vllm-mixes.md).
+"""The mix-LoRA operation of `ops.py` as two fused Triton kernels (docs/vllm-mix-kernel.md).
 
 `mix_shrink` writes `h[s, t, j] = w[t, j] · A_s[idx[t, j]] x[t]` in fp32 for all K slots of a token in one
 program; `mix_expand` sums `B_s[idx[t, j]] h[s, t, j]` over j in fp32 and adds the total to y with one store.

@@ -146,3 +146,15 @@ def test_bad_shapes_are_refused() -> None:
         mix_lora_triton(batch.y, batch.x, batch.a, batch.b[::-1], batch.idx, batch.w, batch.slices)
     with pytest.raises(ValueError, match="dtypes"):
         mix_lora_triton(batch.y.to(torch.bfloat16), batch.x, batch.a, batch.b, batch.idx, batch.w, batch.slices)
+
+
+def test_padded_runs_give_the_same_bits() -> None:
+    """A CUDA-graph caller passes a fixed-size run table (trailing empty runs) and a worst-case run length."""
+    batch = make_batch(2, 3, torch.float32, seed=5)
+    out = run_triton(batch)
+    run_start, _ = mix_runs(batch.idx, batch.w)
+    t = batch.idx.shape[0]
+    padded = torch.cat([run_start, torch.full((6,), t, dtype=torch.int32)])
+    y = batch.y.clone()
+    mix_lora_triton(y, batch.x, batch.a, batch.b, batch.idx, batch.w, batch.slices, runs=(padded, t))
+    assert torch.equal(y.view(torch.int32), out.view(torch.int32))
