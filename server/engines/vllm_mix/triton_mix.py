@@ -126,6 +126,8 @@ def _kernels() -> tuple[Any, Any]:
         BLOCK_R: tl.constexpr,
         PRECISION: tl.constexpr,
         UPCAST: tl.constexpr,
+        SPLIT_H: tl.constexpr,
+        RTNE_BY_HAND: tl.constexpr,
     ):
         run = tl.program_id(0)
         m_block = tl.program_id(1) // N_BLOCKS
@@ -160,18 +162,30 @@ def _kernels() -> tuple[Any, Any]:
                     mask=n_ok[None, :] & (offs_r[:, None] < R),
                     other=0.0,
                 )
-                # bf16/fp16 B: h is rounded to B's dtype for a tensor-core dot; fp32 B keeps an exact fp32 dot
-                hb = hb.to(bb.dtype)
+                # bf16/fp16 B: h = hi + lo in B's dtype, two tensor-core dots keep ~16 bits of h instead of 8
+                h_hi = hb.to(bb.dtype)
+                h_lo = (hb - h_hi.to(tl.float32)).to(bb.dtype)
                 if UPCAST:
-                    hb = hb.to(tl.float32)
                     bb = bb.to(tl.float32)
-                acc = tl.dot(hb, bb, acc, input_precision=PRECISION)
+                    acc = tl.dot(h_hi.to(tl.float32), bb, acc, input_precision=PRECISION)
+                    if SPLIT_H:
+                        acc = tl.dot(h_lo.to(tl.float32), bb, acc, input_precision=PRECISION)
+                else:
+                    acc = tl.dot(h_hi, bb, acc, input_precision=PRECISION)
+                    if SPLIT_H:
+                        acc = tl.dot(h_lo, bb, acc, input_precision=PRECISION)
         if used > 0:  # a run whose mix is all -1 never touches y, so base rows stay bit-for-bit
             off = tl.load(out_offsets + s)
             y_blk = y_ptr + rows[:, None].to(tl.int64) * stride_yt + off + offs_n[None, :]
             mask = row_ok[:, None] & n_ok[None, :]
             y_old = tl.load(y_blk, mask=mask, other=0.0)
-            tl.store(y_blk, (y_old.to(tl.float32) + acc).to(y_ptr.dtype.element_ty), mask=mask)
+            y_new = y_old.to(tl.float32) + acc
+            if RTNE_BY_HAND:  # the interpreter truncates fp32 -> bf16; the GPU rounds to nearest even, as here
+                bits = y_new.to(tl.uint32, bitcast=True)
+                bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+                tl.store(y_blk, bits.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+            else:
+                tl.store(y_blk, y_new.to(y_ptr.dtype.element_ty), mask=mask)
 
     return mix_shrink, mix_expand
 
@@ -255,4 +269,5 @@ def mix_lora_triton(
         torch.tensor(offsets, dtype=torch.int32, device=dev), idx, run_start, y,
         rank, n_blocks, y.stride(0), lora_b[0].stride(2), idx.stride(0), h.stride(0), h.stride(1), h.stride(2),
         K=k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=block_r, PRECISION=b_precision, UPCAST=upcast,
+        SPLIT_H=y.dtype != torch.float32, RTNE_BY_HAND=upcast and y.dtype == torch.bfloat16,
     )  # fmt: skip

@@ -114,8 +114,8 @@ def test_triton_matches_reference(k: int, n_slices: int, dtype: torch.dtype) -> 
     out = run_triton(batch)
     if dtype == torch.float32:
         check(out, reference(batch), batch, rtol=1e-5, atol_rel=1e-5)
-    else:  # y's one bf16 rounding (2^-9·|y|) plus h's rounding to bf16 before the expand dot, summed over K·R terms
-        check(out, reference(batch), batch, rtol=0.0, atol_rel=2**-6)
+    else:  # y is the exact sum rounded once to bf16 (unit roundoff 2^-8), so the bar is per element, not max|ref|
+        check(out, reference(batch), batch, rtol=2**-8, atol_rel=1e-4)
     assert torch.equal(run_triton(batch).view(torch.uint8), out.view(torch.uint8))  # a rerun is bitwise equal
 
 
