@@ -10,7 +10,7 @@ imports without it, and `mix_lora_triton` raises a clear ImportError when it is 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import torch
@@ -190,9 +190,20 @@ def _kernels() -> tuple[Any, Any]:
     return mix_shrink, mix_expand
 
 
-def _ptrs(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The slices' base addresses, so one launch covers every slice (vLLM's `_get_lora_a_ptr` trick)."""
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.uint64, device=device)
+@lru_cache(maxsize=256)
+def _slice_meta(
+    a_ptrs: tuple[int, ...], b_ptrs: tuple[int, ...], b_strides: tuple[int, ...], slices: tuple[int, ...], device: str
+) -> tuple[torch.Tensor, ...]:
+    """Per-slice addresses (vLLM's `_get_lora_a_ptr` trick: one launch covers every slice), B strides, widths and
+    column offsets; cached so a steady state makes no host-to-device copies (needed inside a CUDA graph)."""
+    offsets = [sum(slices[:s]) for s in range(len(slices))]
+    return (
+        torch.tensor(a_ptrs, dtype=torch.uint64, device=device),
+        torch.tensor(b_ptrs, dtype=torch.uint64, device=device),
+        torch.tensor(b_strides, dtype=torch.int64, device=device),
+        torch.tensor(slices, dtype=torch.int32, device=device),
+        torch.tensor(offsets, dtype=torch.int32, device=device),
+    )
 
 
 def _validate(
@@ -228,7 +239,8 @@ def mix_lora_triton(
     output_slices: Sequence[int],
     runs: tuple[torch.Tensor, int] | None = None,
 ) -> None:
-    """Same contract as `mix_lora_torch`; `runs` (from `mix_runs`, may be padded) fixes the grid for graphs."""
+    """Same contract as `mix_lora_torch`. `runs` (from `mix_runs`, may be padded) fixes the grid for CUDA graphs;
+    a caller that passes it vouches that idx is in range, since the check costs a host sync."""
     _check(y, x, idx, w, output_slices)
     _validate(y, x, lora_a, lora_b, output_slices)
     try:
@@ -242,31 +254,35 @@ def mix_lora_triton(
         return
     idx = idx.to(torch.int32).contiguous()
     w = w.to(torch.float32).contiguous()
-    run_start, max_len = runs if runs is not None else mix_runs(idx, w)
+    _, _, rank, in_dim = lora_a[0].shape
+    if runs is None:
+        bad = int(((idx < -1) | (idx >= lora_a[0].shape[0])).sum())  # an out-of-range slot would read stray memory
+        if bad:
+            raise ValueError(f"{bad} idx entries are outside -1..{lora_a[0].shape[0] - 1}")
+        runs = mix_runs(idx, w)
+    run_start, max_len = runs
     if max_len == 0:
         return
-    n_runs = run_start.numel() - 1
-    n_slices = len(output_slices)
-    _, _, rank, in_dim = lora_a[0].shape
+    n_runs, n_slices = run_start.numel() - 1, len(output_slices)
+    a_ptrs, b_ptrs, b_strides, widths, offsets = _slice_meta(
+        tuple(a.data_ptr() for a in lora_a), tuple(b.data_ptr() for b in lora_b),
+        tuple(b.stride(0) for b in lora_b), tuple(output_slices), str(x.device),
+    )  # fmt: skip
     block_r = max(16, triton.next_power_of_2(rank))  # tl.dot needs 16 on every side; pad rows are masked
     upcast = bool(triton.knobs.runtime.interpret)  # Triton 3.9's interpreter gets bf16/fp16 tl.dot wrong
     precision = "ieee" if upcast or x.dtype == torch.float32 else "tf32"  # fp32 must not drop to tf32 (1e-5 bar)
     h = torch.empty((n_slices, t, k, rank), dtype=torch.float32, device=x.device)
     m_blocks = triton.cdiv(max_len, BLOCK_M)
     shrink[(n_runs, m_blocks, n_slices)](
-        x, _ptrs(lora_a, x.device), idx, w, run_start, h,
+        x, a_ptrs, idx, w, run_start, h,
         in_dim, rank, x.stride(0), lora_a[0].stride(0), lora_a[0].stride(2), idx.stride(0),
         h.stride(0), h.stride(1), h.stride(2),
         K=k, BLOCK_M=BLOCK_M, BLOCK_R=block_r, BLOCK_K=BLOCK_K, PRECISION=precision, UPCAST=upcast,
     )  # fmt: skip
-    offsets = [sum(output_slices[:s]) for s in range(n_slices)]
     n_blocks = triton.cdiv(max(output_slices), BLOCK_N)
-    dev = y.device
     b_precision = "ieee" if upcast or y.dtype == torch.float32 else "tf32"
     expand[(n_runs, m_blocks * n_blocks, n_slices)](
-        h, _ptrs(lora_b, dev), torch.tensor([b.stride(0) for b in lora_b], dtype=torch.int64, device=dev),
-        torch.tensor(list(output_slices), dtype=torch.int32, device=dev),
-        torch.tensor(offsets, dtype=torch.int32, device=dev), idx, run_start, y,
+        h, b_ptrs, b_strides, widths, offsets, idx, run_start, y,
         rank, n_blocks, y.stride(0), lora_b[0].stride(2), idx.stride(0), h.stride(0), h.stride(1), h.stride(2),
         K=k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_R=block_r, PRECISION=b_precision, UPCAST=upcast,
         SPLIT_H=y.dtype != torch.float32, RTNE_BY_HAND=upcast and y.dtype == torch.bfloat16,

@@ -146,6 +146,11 @@ def test_bad_shapes_are_refused() -> None:
         mix_lora_triton(batch.y, batch.x, batch.a, batch.b[::-1], batch.idx, batch.w, batch.slices)
     with pytest.raises(ValueError, match="dtypes"):
         mix_lora_triton(batch.y.to(torch.bfloat16), batch.x, batch.a, batch.b, batch.idx, batch.w, batch.slices)
+    for slot in (len(RANKS), -2):
+        idx = batch.idx.clone()
+        idx[0, 0] = slot
+        with pytest.raises(ValueError, match="outside -1..5"):
+            mix_lora_triton(batch.y, batch.x, batch.a, batch.b, idx, batch.w, batch.slices)
 
 
 def test_padded_runs_give_the_same_bits() -> None:
