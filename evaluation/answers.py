@@ -61,6 +61,7 @@ def _score_all(args: argparse.Namespace, tasks: list[AnswerTask], cfg: TrainConf
 
     mode = args.router_mode or ("sapt" if args.method == "sapt" else "dtkr")
     rows: Rows = {r: {v: {} for v in args.variants} for r in args.routes}
+    said: dict[str, dict[str, dict[str, list[str]]]] = {r: {v: {} for v in args.variants} for r in args.routes}
     own: dict[str, dict[str, float]] = {v: {} for v in args.variants} if "auto" in args.routes else {}
     jobs: list[dict[str, Any]] = []
     with ServerProcess(data_dir, server_argv(args, mode)) as srv:
@@ -87,6 +88,7 @@ def _score_all(args: argparse.Namespace, tasks: list[AnswerTask], cfg: TrainConf
                     model = {"forced": at.name, "auto": "auto", "base": "base"}[route]
                     answers, headers = _ask(client, model, asked, args.concurrency)
                     rows[route][variant][at.name] = asked.row_scores(answers)
+                    said[route][variant][at.name] = answers
                     if route == "auto":
                         own[variant][at.name] = 100 * sum(h.split("=")[0] == at.name for h in headers) / len(headers)
                 print(
@@ -97,6 +99,7 @@ def _score_all(args: argparse.Namespace, tasks: list[AnswerTask], cfg: TrainConf
         ask_s = time.perf_counter() - t0
     return {
         "rows": rows,
+        "answers": said,
         "own": own,
         "jobs": jobs,
         "mode": mode,
@@ -126,6 +129,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         **summarize(asked["rows"], names),
         "routed_to_own_skill": asked["own"],
         "row_scores": asked["rows"],
+        "answers": asked["answers"],  # what was said, row by row: whether a miss copies the prompt's wording
         "jobs": asked["jobs"],
         "router_mode": asked["mode"],
         "time": {**asked["time"], "total_s": round(time.perf_counter() - t_start, 1)},

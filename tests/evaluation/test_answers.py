@@ -29,7 +29,7 @@ def _args(tmp: Path, *extra: str) -> list[str]:
     ]
 
 
-@pytest.mark.slow  # one server process, two short trainings on the tiny model, 2 x 4 x 3 x 6 requests, twice: about 80 s
+@pytest.mark.slow  # one server process, two short trainings on the tiny model, 2 x 4 x 3 x 6 requests, twice: 30-80 s on 2 shared cores
 def test_every_route_and_wording_is_scored_with_intervals_and_the_table(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     extra = ["--train-limit", "16", "--test-limit", "6", "--model", str(tiny_base.path), "--force"]
     extra += ["--config", json.dumps({"epochs": 1, "max_seq_len": 192}), "--max-new-tokens", "4"]
@@ -51,6 +51,8 @@ def test_every_route_and_wording_is_scored_with_intervals_and_the_table(tiny_bas
             for t in TASKS:
                 rows = r["row_scores"][route][variant][t]
                 assert len(rows) == 6 and set(rows) <= {0.0, 100.0}
+                said = r["answers"][route][variant][t]
+                assert len(said) == 6 and all(isinstance(a, str) for a in said)
                 cell = r["scores"][route][variant]["per_task"][t]
                 assert cell["ci95"][0] <= cell["score"] <= cell["ci95"][1]
     gap = r["gaps"]["auto"]["paraphrase"]
