@@ -1,7 +1,7 @@
 """`skillpool` console script: the argparse tree, each command's module imported only when that command runs.
 
 serve -> skillpool.server.cli, worker -> skillpool.trainer.worker, upload -> skillpool.evaluation.upload,
-eval routing|continual -> skillpool.evaluation.routing|continual. So `skillpool worker` never loads the server.
+eval routing|continual|answers -> skillpool.evaluation.routing|continual|answers. So `skillpool worker` never loads the server.
 Each module defines `add_arguments(parser)` and `run(args)`.
 """
 
@@ -44,6 +44,11 @@ EVAL = {
     "continual": Command(
         "skillpool.evaluation.continual",
         "learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines",
+        offline=True,
+    ),
+    "answers": Command(
+        "skillpool.evaluation.answers",
+        "answer quality under paraphrased instructions: forced and routed, four wordings, paired gaps",
         offline=True,
     ),
 }

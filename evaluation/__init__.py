@@ -4,6 +4,8 @@ routing     learn tasks one by one into a fresh router and measure routing after
 continual   learn a task sequence through a real server; score matrix, AP, F.Ra, FWT, BWT, baselines
             (continual_sequence: the server side; continual_resume: --resume; continual_task: a task;
             continual_metrics, continual_report; baselines: seq, mtl and trained alone; progress_log)
+answers     a skill's answers under four wordings of its task (uploaded, paraphrase, system message, input
+            only), forced and routed, with paired bootstrap gaps (answers_variants, answers_report)
 tasks       the one reader of task folders (train.jsonl, test.jsonl) both use
 upload      `skillpool upload`: send a task file to a running server and follow its job (continual follows too)
 process     start `skillpool serve` as a child process (drivers, benchmarks, end-to-end tests)

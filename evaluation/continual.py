@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from .baselines import Baselines, BaselineSides, logged_result, logged_training
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
 from .continual_report import plot, print_table
 from .continual_resume import earlier_steps, run_setup
-from .continual_sequence import run_server_sequence
+from .continual_sequence import parse_server_args, run_server_sequence
 from .continual_task import Task, load_tasks, set_budgets
 from .progress_log import ProgressLog, log_path, read_log
 from .tasks import add_task_folders
@@ -242,17 +241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.train_config = TrainConfig.from_dict(json.loads(args.config))
     except (json.JSONDecodeError, ConfigError) as e:
         raise SystemExit(f"--config: {e}") from None
-    try:
-        args.server_argv = shlex.split(args.server_args)
-    except ValueError as e:
-        raise SystemExit(f"--server-args: {e}") from None
-    owned = ("--port", "--data-dir", "--router-mode", "--model")  # argparse also takes a prefix, e.g. --data
-    for flag in (a.split("=")[0] for a in args.server_argv if a.startswith("--") and len(a) > 2):
-        if any(o.startswith(flag) for o in owned):
-            raise SystemExit(
-                f"--server-args: {flag}: the run sets --port and --data-dir itself, and --router-mode and --model "
-                "through its own options of those names"
-            )
+    args.server_argv = parse_server_args(args.server_args)
     if args.resume and (args.data_dir is None or not args.data_dir.is_dir()):
         raise SystemExit("--resume: give the cut run's --data-dir (its trained skills)")
     if args.resume and not log_path(args.json).is_file():
