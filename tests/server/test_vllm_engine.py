@@ -59,6 +59,7 @@ def vllm_engine(smollm, skills, tmp_path_factory):  # type: ignore[no-untyped-de
         max_loras=2,
         max_lora_rank=32,
         kept_mixes=2,
+        exact_mixes=False,  # this module tests the concatenated-adapter path (the fallback)
     )
     for name, a in skills.items():
         eng.add_skill(name, lambda a=a: a)
