@@ -107,11 +107,20 @@ def test_a_batch_of_distinct_mixes_joining_and_leaving_equals_the_hf_engine(engi
     assert engine.stats()["resident_skills"] <= 4
 
 
+def test_one_prompt_under_two_mixes_with_one_primary_shares_no_kv(engine, hf_engine) -> None:  # type: ignore[no-untyped-def]
+    """Both mixes hand vLLM s0 as their LoRA; only the cache salt (the whole mix) keeps the second from reusing
+    the first's prompt KV. Each answers as the hf engine does."""
+    mixes = [(("s0", 0.6), ("s1", 0.4)), (("s0", 0.6), ("s2", 0.4))]
+    got = [text(asyncio.run(events(engine, request(engine, PROMPTS[2], m, 6)))) for m in mixes]
+    want = [text(asyncio.run(events(hf_engine, request(hf_engine, PROMPTS[2], m, 6)))) for m in mixes]
+    assert got == want and got[0] != got[1]
+
+
 def dense_logits(smollm, skills, mix, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """The reference: SmolLM2 with W + Σ w_i s_i B_i A_i merged into every target weight, in float64."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(smollm.path), torch_dtype=torch.float64)
+    model = AutoModelForCausalLM.from_pretrained(str(smollm.path), dtype=torch.float64)
     with torch.no_grad():
         for skill, w in mix:
             for path, f in skills[skill].modules.items():
@@ -171,8 +180,11 @@ def test_a_retired_skill_404s_queued_requests_and_running_ones_finish(engine, sk
         assert not queued.done()  # no slot can be freed: it waits rather than overfill vLLM
         engine.remove_skill("r")
         q = await queued
-        return [a0] + [ev async for ev in a], [b0] + [ev async for ev in b], q, await events(
-            engine, request(engine, PROMPTS[2], (("s3", 1.0),), 4)
+        return (
+            [a0] + [ev async for ev in a],
+            [b0] + [ev async for ev in b],
+            q,
+            await events(engine, request(engine, PROMPTS[2], (("s3", 1.0),), 4)),
         )
 
     a, b, q, after = asyncio.run(scenario())

@@ -154,8 +154,6 @@ def _wrap_mapping(orig: Any) -> Any:
         if _rows is not None:  # dummy, profile and warm-up runs have no rows: vLLM's own path
             slot_of = {lid: s for s, lid in enumerate(manager.lora_index_to_id) if lid is not None}
             tables = token_tables(_rows[0], _rows[1], token_lora_mapping, MIXES, slot_of)
-        if os.environ.get("SKILLPOOL_MIX_DEBUG"):
-            print("DBG", _rows, dict(MIXES), manager.lora_index_to_id, None if tables is None else tables[0].tolist()[:3], flush=True)
         for wrapper in manager.punica_wrapper_mapping.values():
             if hasattr(wrapper, "set_mix"):
                 if tables is None:
@@ -171,9 +169,9 @@ def exact_mode(cuda: bool) -> bool:
     """The engine's start-up check, in the API process: install the hooks (a forked engine core inherits them;
     a spawned one runs `register()` via the entry point, hence the env) or log why mixes fall back."""
     reason = "the GPU mix kernel is not wired yet" if cuda else unsupported_reason()
+    os.environ[ENV] = "0" if reason else "1"  # what register() reads in the processes vLLM spawns
     if reason is not None:
         log.warning("skillpool exact mixes are off: %s; serving mixes as concatenated adapters", reason)
         return False
-    os.environ[ENV] = "1"
-    install()
+    install()  # for an engine core run in this process; a spawned worker gets them via worker.py
     return True

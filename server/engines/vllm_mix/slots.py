@@ -14,7 +14,7 @@ import itertools
 import logging
 import shutil
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ class SkillSlots:
         self._residents: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
         self._retired: set[str] = set()
         self._changed: asyncio.Condition | None = None
+        self._loading: set[asyncio.Future[None]] = set()
         self._leaving: set[asyncio.Future[None]] = set()  # unloads a new load waits for: vLLM's slots stay <= max
 
     def __len__(self) -> int:
@@ -84,17 +85,16 @@ class SkillSlots:
                 if len(self._residents) - len(idle) + len(missing) <= self.slots:
                     break
                 await self.changed.wait()  # every slot is held by running requests: wait for a release
-            for r in idle[: max(0, len(self._residents) + len(missing) - self.slots)]:
-                self._evict(r)
+            for old in idle[: max(0, len(self._residents) + len(missing) - self.slots)]:
+                self._evict(old)
             held: dict[str, Resident] = {}
             for k in wanted:
-                r = self._residents.get(k)
-                if r is None:
-                    r = self._residents[k] = Resident(k, next(self._ids), self.folder / k)
-                    asyncio.ensure_future(self._bring_in(r))
+                if k not in self._residents:
+                    new = self._residents[k] = Resident(k, next(self._ids), self.folder / k)
+                    self._track(self._bring_in(new), self._loading)
                 self._residents.move_to_end(k)
-                r.refs += 1
-                held[k] = r
+                self._residents[k].refs += 1
+                held[k] = self._residents[k]
         try:
             for r in held.values():
                 await asyncio.shield(r.ready)
@@ -103,9 +103,9 @@ class SkillSlots:
             raise
         return held
 
-    async def release(self, held: Sequence[Resident] | object) -> None:
+    async def release(self, held: Iterable[Resident]) -> None:
         async with self.changed:
-            for r in list(held):  # type: ignore[call-overload]
+            for r in list(held):
                 r.refs -= 1
                 if r.refs == 0 and r.key in self._retired and self._residents.get(r.key) is r:
                     self._evict(r)
@@ -169,6 +169,11 @@ class SkillSlots:
             if r.key in self._retired:
                 shutil.rmtree(r.folder, ignore_errors=True)
 
-        task = asyncio.ensure_future(out())
-        self._leaving.add(task)
-        task.add_done_callback(self._leaving.discard)
+        self._track(out(), self._leaving)
+
+    @staticmethod
+    def _track(coro: Coroutine[Any, Any, None], tasks: set[asyncio.Future[None]]) -> None:
+        """Run it on the loop and keep a reference until it ends (the loop holds only weak ones)."""
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
