@@ -1,6 +1,8 @@
 """The `vllm` engine: vLLM's AsyncLLM (paged attention, continuous batching, multi-LoRA) behind our contract.
 
-vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
+On a vLLM the vllm_mix plugin supports, mixes are exact: each skill is one resident LoRA slot (vllm_mix/slots.py)
+and a request carries its (slot, weight) pairs into vLLM's LoRA layers (docs/vllm-mixes.md). Otherwise (the
+fallback) vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
 (adapters_store/concat.py), planned and cached by vllm_adapters.py: weights on a 1/16 grid, one folder per distinct
 plan with a never-reused LoRA id, held while requests use it. AsyncLLM lives on its own event loop in a
 thread of ours: `submit` may be called from any thread (the API's loop, the quality gate's thread), and
@@ -31,7 +33,6 @@ from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, Engine
 from .rows import Sink
 from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix
 from .vllm_mix import plugin
-from .vllm_mix import worker as worker_ext
 from .vllm_mix.slots import Resident, SkillSlots
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class VLLMEngine(StreamsEvents):
             model_path, cuda, dtype, max_num_seqs, max_batched_tokens, max_loras, max_cpu_loras, max_lora_rank
         )
         if self.exact:  # vLLM spawns its worker: the extension's import installs the hooks there
-            args.worker_extension_cls = worker_ext.QUALNAME
+            args.worker_extension_cls = plugin.WORKER_EXTENSION
         for k, v in (vllm_args or {}).items():
             setattr(args, k, v)
         self._loop = asyncio.new_event_loop()

