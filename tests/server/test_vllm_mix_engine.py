@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,16 @@ def test_a_retired_skill_404s_queued_requests_and_running_ones_finish(engine, sk
     assert q[-1].finish_reason == "error" and q[-1].not_found
     assert text(a)[1:] == ("length", 40) and text(b)[1:] == ("length", 40)
     assert text(after)[1:] == ("length", 4)  # r's slot was freed once its last request ended
+
+
+def test_an_aborted_mix_lets_go_of_its_skills(engine) -> None:  # type: ignore[no-untyped-def]
+    async def scenario() -> None:
+        gen = engine.generate(request(engine, PROMPTS[1], K3[1], 300))
+        await gen.__anext__()
+        await gen.aclose()  # the client went away
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 60
+    while (engine.stats()["running"] or engine.slots.held()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine.stats()["running"] == 0 and engine.slots.held() == 0
