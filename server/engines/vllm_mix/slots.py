@@ -1,0 +1,179 @@
+"""Resident skills for exact mixes on vLLM: each skill version is one pinned LoRA slot, shared by every mix.
+
+A request acquires all its skills before it is handed to vLLM: resident ones gain a reference, missing ones are
+written once (a scaling-1 PEFT folder, s_i folded into B) and loaded with `add_lora` + `pin_lora`, evicting idle
+residents least-recently-used. When every slot is held by running requests, it waits (FIFO on a condition)
+rather than overfill vLLM's `max_loras`. A retired version serves no new or waiting request (KeyError → 404),
+and leaves vLLM once its last running request ends. Everything here runs on the engine's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import shutil
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skillpool.adapters_store.concat import concat_mix, write_concat
+
+from ..protocol import AdapterLoader
+from .tables import MIX_KEY
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Resident:
+    key: str  # skill version key, name#generation
+    lora_id: int  # never reused: vLLM keys its adapter and prefix caches on it
+    folder: Path
+    refs: int = 0
+    ready: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def name(self) -> str:
+        return f"skill-{self.key}-{self.lora_id}"
+
+
+class SkillSlots:
+    def __init__(
+        self,
+        folder: Path,
+        base_model_id: str,
+        loader: Callable[[str], AdapterLoader],
+        slots: int,
+        load: Callable[[Resident], Awaitable[None]],
+        unload: Callable[[Resident], Awaitable[None]],
+        first_id: int = 1,
+    ) -> None:
+        self.folder, self.base_model_id, self.slots = folder, base_model_id, slots
+        self._loader, self._load, self._unload = loader, load, unload
+        self._ids = itertools.count(first_id)
+        self._residents: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
+        self._retired: set[str] = set()
+        self._changed: asyncio.Condition | None = None
+        self._loading: set[asyncio.Future[None]] = set()
+        self._leaving: set[asyncio.Future[None]] = set()  # unloads a new load waits for: vLLM's slots stay <= max
+
+    def __len__(self) -> int:
+        return len(self._residents)
+
+    def held(self) -> int:
+        return sum(r.refs > 0 for r in self._residents.values())
+
+    @property
+    def changed(self) -> asyncio.Condition:
+        if self._changed is None:  # made on the engine loop, the first time one is needed
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def acquire(self, keys: Sequence[str]) -> dict[str, Resident]:
+        """Hold every key's resident (loading it if needed); raise KeyError once a key is retired."""
+        wanted = list(dict.fromkeys(keys))
+        if len(wanted) > self.slots:
+            raise ValueError(f"a mix of {len(wanted)} skills needs more than this engine's {self.slots} LoRA slots")
+        async with self.changed:
+            while True:
+                self._check_live(wanted)
+                missing = [k for k in wanted if k not in self._residents]
+                idle = [r for k, r in self._residents.items() if r.refs == 0 and k not in wanted]
+                if len(self._residents) - len(idle) + len(missing) <= self.slots:
+                    break
+                await self.changed.wait()  # every slot is held by running requests: wait for a release
+            for old in idle[: max(0, len(self._residents) + len(missing) - self.slots)]:
+                self._evict(old)
+            held: dict[str, Resident] = {}
+            for k in wanted:
+                if k not in self._residents:
+                    new = self._residents[k] = Resident(k, next(self._ids), self.folder / k)
+                    self._track(self._bring_in(new), self._loading)
+                self._residents.move_to_end(k)
+                self._residents[k].refs += 1
+                held[k] = self._residents[k]
+        try:
+            for r in held.values():
+                await asyncio.shield(r.ready)
+        except BaseException:
+            await self.release(held.values())
+            raise
+        return held
+
+    async def release(self, held: Iterable[Resident]) -> None:
+        async with self.changed:
+            for r in list(held):
+                r.refs -= 1
+                if r.refs == 0 and r.key in self._retired and self._residents.get(r.key) is r:
+                    self._evict(r)
+            self.changed.notify_all()
+
+    async def retire(self, key: str) -> None:
+        """The version is gone: waiting requests fail with KeyError, running ones finish, then it leaves vLLM."""
+        async with self.changed:
+            self._retired.add(key)
+            r = self._residents.get(key)
+            if r is not None and r.refs == 0:
+                self._evict(r)
+            self.changed.notify_all()
+
+    async def request(
+        self, resolved: Sequence[tuple[str, float]]
+    ) -> tuple[Any, dict[str, Any] | None, str | None, list[Resident]]:
+        """(primary LoRARequest, extra_args, cache_salt, held residents) for a resolved mix, heaviest first;
+        the base model: no LoRA at all."""
+        from vllm.lora.request import LoRARequest
+
+        if not resolved:
+            return None, None, None, []
+        held = await self.acquire([k for k, _ in resolved])
+        first = held[resolved[0][0]]
+        pairs = [[held[k].lora_id, float(w)] for k, w in resolved]
+        salt = "skillpool:" + ",".join(f"{k}={w!r}" for k, w in sorted(resolved))  # canonical: the pairs' order
+        return LoRARequest(first.name, first.lora_id, str(first.folder)), {MIX_KEY: pairs}, salt, list(held.values())
+
+    def _check_live(self, keys: Sequence[str]) -> None:
+        for k in keys:
+            if k in self._retired:
+                raise KeyError(f"skill version {k} was retired")
+            self._loader(k)  # KeyError once retired
+
+    async def _bring_in(self, r: Resident) -> None:
+        try:
+            await asyncio.to_thread(self._write, r)
+            await asyncio.gather(*self._leaving, return_exceptions=True)
+            await self._load(r)
+            r.ready.set_result(None)
+        except Exception as e:  # this version cannot load: its requests fail, a later try starts afresh
+            log.warning("could not load skill %s into vLLM: %s", r.key, e)
+            r.ready.set_exception(e)
+            if self._residents.get(r.key) is r:
+                del self._residents[r.key]
+
+    def _write(self, r: Resident) -> None:
+        if not r.folder.exists():
+            write_concat(concat_mix([(self._loader(r.key)(), 1.0)]), r.folder, self.base_model_id)
+
+    def _evict(self, r: Resident) -> None:
+        del self._residents[r.key]
+
+        async def out() -> None:
+            try:
+                await asyncio.shield(r.ready)
+                await self._unload(r)
+            except Exception as e:  # never loaded, or vLLM is shutting down: nothing to free
+                log.debug("unload %s: %s", r.key, e)
+            if r.key in self._retired:
+                shutil.rmtree(r.folder, ignore_errors=True)
+
+        self._track(out(), self._leaving)
+
+    @staticmethod
+    def _track(coro: Coroutine[Any, Any, None], tasks: set[asyncio.Future[None]]) -> None:
+        """Run it on the loop and keep a reference until it ends (the loop holds only weak ones)."""
+        task = asyncio.ensure_future(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
