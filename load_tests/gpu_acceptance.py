@@ -88,7 +88,8 @@ class Report:
     """Rows of one part: appended to PART.jsonl as they come, PART.json rewritten, one table line each."""
 
     def __init__(self, out: Path, part: str, setup: Setup) -> None:
-        self.out, self.part, self.rows = out, part, []  # type: list[dict[str, Any]]  # noqa: PGH003
+        self.out, self.part = out, part
+        self.rows: list[dict[str, Any]] = []
         out.mkdir(parents=True, exist_ok=True)
         self.jsonl = out / f"{part}.jsonl"
         self.jsonl.write_text("")

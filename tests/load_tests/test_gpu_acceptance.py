@@ -41,5 +41,9 @@ def test_the_rehearsal_writes_every_row_of_both_parts(tmp_path: Path) -> None:
         assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("stage_ms", "bound_ms", "ratio"))
     assert [json.loads(x)["case"] for x in (out / "route.jsonl").read_text().splitlines()] == list(route)
     table = (out / "table.md").read_text()
-    for line in ("| serve | skillpool: base |", "| serve | vllm serve: base |", "| route | routing stage, 16 in flight |"):
+    for line in (
+        "| serve | skillpool: base |",
+        "| serve | vllm serve: base |",
+        "| route | routing stage, 16 in flight |",
+    ):
         assert line in table
