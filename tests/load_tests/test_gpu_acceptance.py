@@ -34,7 +34,8 @@ def test_the_rehearsal_writes_every_row_of_both_parts(tmp_path: Path) -> None:
             assert row["n"] == 6
             assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("tok_s", "ttft_p50", "itl_p50"))
     for case in ("base", "2 distinct forced skills"):
-        assert math.isfinite(serve[f"skillpool / vllm serve: {case}"]["ratio"]) > 0
+        ratio = serve[f"skillpool / vllm serve: {case}"]["ratio"]
+        assert math.isfinite(ratio) and ratio > 0
     route = {r["case"]: r for r in json.loads((out / "route.json").read_text())}
     for n in (4, 16):
         row = route[f"routing stage, {n} in flight"]
