@@ -128,12 +128,14 @@ def chat_prompts(model: Path, n: int, tokens: int) -> list[str]:
     tok = AutoTokenizer.from_pretrained(str(model))
 
     def length(text: str) -> int:
-        return len(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+        chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        return len(tok(chat, add_special_tokens=False)["input_ids"])  # as skillpool's engine encodes a chat
 
     rng = random.Random(0)
+    start = max(1, tokens - length("0"))  # the template's own tokens: a few words to drop, not hundreds
     out = []
     for i in range(n):
-        words = [str(i), *(rng.choice(WORDS) for _ in range(tokens))]
+        words = [str(i), *(rng.choice(WORDS) for _ in range(start))]
         while len(words) > 1 and length(" ".join(words)) > tokens:
             words.pop()
         out.append(" ".join(words))
