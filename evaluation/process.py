@@ -44,22 +44,28 @@ class ServerProcess:
     def log_tail(self, n: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path.exists() else ""
 
+    health_path = "/healthz"
+
+    def command(self) -> list[str]:
+        """The server's command line (a subclass starts another server the same way: vLLM's own)."""
+        return [
+            self.python,
+            "-m",
+            "skillpool.cli.main",
+            "serve",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            *self.extra_args,
+        ]
+
     def start(self) -> ServerProcess:
         self.port = free_port()
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [
-                self.python,
-                "-m",
-                "skillpool.cli.main",
-                "serve",
-                "--port",
-                str(self.port),
-                "--data-dir",
-                str(self.data_dir),
-                *self.extra_args,
-            ],
+            self.command(),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -71,13 +77,13 @@ class ServerProcess:
             if (why := self.exited()) is not None:
                 raise RuntimeError(why)
             try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
+                if httpx.get(self.url + self.health_path, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"server did not answer /healthz within {self.startup_s:.0f}s:\n{self.log_tail()}")
+        raise RuntimeError(f"server did not answer {self.health_path} within {self.startup_s:.0f}s:\n{self.log_tail()}")
 
     def exited(self) -> str | None:
         """Why the server is gone (exit code and log tail), or None while it runs: a poller that cannot reach it

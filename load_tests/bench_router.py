@@ -37,14 +37,19 @@ TASKS = ("agnews", "sst-2", "mnli", "boolqa")
 
 
 def synthetic_router(
-    embedder: SentenceEmbedder, n_skills: int, mode: str, pooler: TokenPooler | None, seed: int = 0
+    embedder: SentenceEmbedder,
+    n_skills: int,
+    mode: str,
+    pooler: TokenPooler | None,
+    seed: int = 0,
+    format_texts: list[list[str]] | None = None,
 ) -> Router:
+    """format_texts: one list of inputs per format model (default: TASKS' train inputs from the datasets)."""
     settings = RouterSettings(mode=mode)
     router = Router(embedder, settings, pooler)
-    formats = [
-        fit_format([user_text(r) for r in rows("long_sequence", t, "train", 100)], settings.format).tensors()
-        for t in TASKS
-    ]
+    if format_texts is None:
+        format_texts = [[user_text(r) for r in rows("long_sequence", t, "train", 100)] for t in TASKS]
+    formats = [fit_format(texts, settings.format).tensors() for texts in format_texts]
     rng = np.random.default_rng(seed)
     sapt = SAPTState(pooler.dim, settings.sapt) if pooler else None
     for i in range(n_skills):

@@ -77,6 +77,7 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             max_lora_rank=cfg.max_lora_rank,
             gpu_memory_utilization=vllm_utilization(cfg, base),
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+            load_format=cfg.vllm_load_format,
         )
     raise ValueError(f"unknown engine {cfg.engine!r}")
 

