@@ -59,7 +59,7 @@ HOOKS = (
 # the CUDA path: the worker hooks above (not the CPU wrapper's) plus these
 CUDA_HOOKS = (
     *HOOKS[1:4],
-    ("vllm.platforms.cuda", "CudaPlatform.get_punica_wrapper", ()),
+    ("vllm.platforms.cuda", "CudaPlatformBase.get_punica_wrapper", ()),  # CudaPlatform aliases a subclass
     (
         "vllm.lora.punica_wrapper.punica_gpu",
         "PunicaWrapperGPU.add_lora_linear",
@@ -152,10 +152,10 @@ def install(cuda: bool = False) -> None:
     if _installed:
         return
     if cuda:
-        from vllm.platforms.cuda import CudaPlatform
+        from vllm.platforms.cuda import CudaPlatformBase
         from vllm.v1.worker.gpu.lora_utils import LoraState
 
-        CudaPlatform.get_punica_wrapper = classmethod(lambda cls: WRAPPER_GPU)
+        CudaPlatformBase.get_punica_wrapper = classmethod(lambda cls: WRAPPER_GPU)
         LoraState.make_lora_inputs = _wrap_v2_rows(LoraState.make_lora_inputs)
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.gpu_worker import Worker
