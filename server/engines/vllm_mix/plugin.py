@@ -8,7 +8,7 @@ It patches four private vLLM symbols, each resolved and signature-checked first:
 It does nothing unless `SKILLPOOL_VLLM_MIX=1`; on an unsupported vLLM it logs one line and the engine falls back
 to concatenated adapters. vLLM calls `register()` in every process it starts; a forked engine core inherits
 an `install()` done in the API process.
-On CUDA (vLLM 0.24.0) it instead hooks `CudaPlatform.get_punica_wrapper` (→ `punica_gpu.MixPunicaWrapperGPU`)
+On CUDA (vLLM 0.24.0) it instead hooks `CudaPlatformBase.get_punica_wrapper` (→ `punica_gpu.MixPunicaWrapperGPU`)
 and Model Runner V2's `LoraState.make_lora_inputs` (row order; V2 is 0.24's default runner for Llama), beside
 the three worker hooks above. That path has never run on a GPU, so it stays off unless SKILLPOOL_VLLM_MIX_CUDA=1.
 """
