@@ -126,3 +126,27 @@ def test_the_fraction_is_a_checked_hyperparameter() -> None:
         TrainConfig.from_dict({"prompt_variants": "half"})
     with pytest.raises(ValueError, match="prompt_variants"):
         with_variants(rows(), 2.0, seed=0)
+
+
+def test_a_job_trains_the_block_on_variants_and_keeps_the_keys(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    from skillpool.adapters_store.store import SkillStore
+    from skillpool.router import Router
+    from skillpool.trainer.skill_trainer import SkillTrainer
+
+    train = rows(n=16)
+    recs = {}
+    for share in (0.0, 1.0, -1.0):  # -1: 0.0 again, to show a job repeats and a difference is the variants'
+        trainer = SkillTrainer(SkillStore(tmp_path / str(share)), Router(embedder), tiny_base)
+        cfg = TrainConfig(
+            epochs=1.0, batch_size=8, max_seq_len=96, max_eval_examples=2, prompt_variants=max(share, 0.0)
+        )
+        recs[share] = trainer.run("s", train, cfg, force=True)
+    plain, varied = recs[0.0], recs[1.0]
+    assert varied.meta["training"]["config"]["prompt_variants"] == 1.0
+    keys, keys_varied = plain.router_tensors(), varied.router_tensors()
+    assert keys.keys() == keys_varied.keys() and all(torch.equal(keys[k], keys_varied[k]) for k in keys)
+    a, b, again = plain.adapter().modules, varied.adapter().modules, recs[-1.0].adapter().modules
+    assert all(torch.equal(a[m].B, again[m].B) for m in a)
+    assert any(not torch.equal(a[m].B, b[m].B) for m in a)  # the block saw other prompts
