@@ -39,6 +39,10 @@ class TrainConfig:
     replay_fraction: float = 0.02  # stored for later replay / memory buffers
     probe_size: int = 20  # held-out prompts kept to re-check the skill later
     seed: int = 0
+    # share of the training rows shown in another wording (input alone, instruction as a system message or after
+    # the input, a rewording keeping the label set: trainer/prompt_variants.py) instead of as uploaded; same rows
+    # and steps. Off until measured (docs/answers.md#training-on-variants-opt-in)
+    prompt_variants: float = 0.0
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
     quality_z: float = 1.645  # ... and the gain's lower bound (mean - z * standard error) must be > 0 (0 disables)
@@ -110,6 +114,8 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"config.{name}", "must be >= 0")
+        if not 0 <= self.prompt_variants <= 1:
+            raise ConfigError("config.prompt_variants", "must be in [0, 1]")
         if not -1 <= self.quality_min_gain <= 1:
             raise ConfigError("config.quality_min_gain", "must be in [-1, 1]")
         if self.kif_inner_steps < 1:

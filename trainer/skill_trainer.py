@@ -24,6 +24,7 @@ from .config import TrainConfig
 from .judge import Judge, LocalJudge
 from .loop import Progress, stop_check
 from .methods import BlockJob, TrainingMethod, method_error, method_for
+from .prompt_variants import with_variants
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
 from .records import Example
@@ -134,7 +135,7 @@ class SkillTrainer:
         with self.store.scratch("block-") as folder:  # on the data dir's disk, swept at start if we are killed
             job = BlockJob(
                 name,
-                train,
+                with_variants(train, cfg.prompt_variants, cfg.seed),  # the block alone sees the other wordings
                 held,
                 cfg,
                 model,
