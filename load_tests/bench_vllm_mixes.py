@@ -273,8 +273,9 @@ def mix_phase(a: argparse.Namespace, model: Path, work: Path) -> None:
     from skillpool.server.engines.vllm_mix import plugin
 
     cuda = a.device == "cuda"
-    exact = plugin.exact_mode(cuda)
-    reason = None if exact else ("the GPU mix kernel is not wired yet" if cuda else plugin.unsupported_reason())
+    exact = not a.concat and plugin.exact_mode(cuda)
+    reason = "--concat" if a.concat else plugin.unsupported_reason() or "plugin.exact_mode: none on this device yet"
+    reason = None if exact else reason
     skills = write_skills(a.shape, a.skills, a.rank, work / "skills")
     counts = [int(c) for c in a.mixes.split(",")]
     t0 = time.perf_counter()
