@@ -59,7 +59,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 K = 3  # skills per mix
-ROW_ORDER = ("base", "base_in_mix_engine", "mix16", "mix64", "mix256")
 # one (token id, prompt) stream of a request: yields its output token count so far
 Stream = Callable[[int, Sequence[int], int], AsyncIterator[int]]
 
@@ -173,17 +172,14 @@ def write_table(out: Path) -> None:
         ),
         "|---|---|---|---|---|---|---|---|",
     ]
-    for name in ROW_ORDER:
-        r = by.get(name)
-        if r is None:
-            continue
+    for name, r in by.items():  # in the order they ran
         tput = f"{r['tput_out_tok_s'] / base['tput_out_tok_s']:.2f}" if base else "–"
         step = f"{r['step_ms'] / base['step_ms']:.2f}" if base else "–"
         lines.append(
             f"| {name} | {r['engine']} | {r['mode']} | {r['distinct_mixes']} | {r['tput_out_tok_s']:.1f} | {tput} | "
             f"{r['step_ms']:.2f} | {step} |"
         )
-    tputs = [by[m]["tput_out_tok_s"] for m in ("mix16", "mix64", "mix256") if m in by]
+    tputs = [r["tput_out_tok_s"] for r in by.values() if r["distinct_mixes"]]
     if len(tputs) > 1:
         lines.append(f"\nmix rows spread: max/min = {max(tputs) / min(tputs):.3f}")
     r0 = rows[0]
