@@ -341,6 +341,7 @@ def main() -> int:
     ap.add_argument("--dtype", help="bfloat16 on cuda, float32 on cpu")
     ap.add_argument("--max-batched-tokens", type=int, help="both engines (GPU 8192, CPU 1024)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    ap.add_argument("--concat", action="store_true", help="force the fallback (rehearses the GPU's path on CPU)")
     ap.add_argument(
         "--tokenizer", type=Path, help="a folder with SmolLM2's tokenizer files (default: the packaged one)"
     )
