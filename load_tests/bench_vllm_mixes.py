@@ -59,7 +59,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 K = 3  # skills per mix
-# one (token id, prompt) stream of a request: yields its output token count so far
+# (request index, prompt ids, max_tokens) -> the request's output token count after each step
 Stream = Callable[[int, Sequence[int], int], AsyncIterator[int]]
 
 
