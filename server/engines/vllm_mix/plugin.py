@@ -245,7 +245,5 @@ def exact_mode(cuda: bool) -> bool:
         return False
     if cuda:
         log.warning("skillpool exact mixes on CUDA: %s=1 turns on a path that has never run on a GPU", CUDA_ENV)
-    install(
-        cuda=True
-    ) if cuda else install()  # for an engine core run in this process; a spawned worker gets them via worker.py
+    install(cuda=cuda)  # for an engine core run in this process; a spawned worker gets them via worker.py
     return True
