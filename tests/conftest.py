@@ -15,6 +15,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `skillpool` sets it (see cli/main.py)
 
+
+def _triton_interpreter_without_gpu() -> None:
+    """Triton kernels run under Triton's interpreter where there is no GPU. Triton builds its own library
+    functions when it is first imported (peft imports it), so this must precede every test module's imports."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_triton_interpreter_without_gpu()
+
 REPO = Path(__file__).resolve().parent.parent
 DATASETS = REPO.parent / "shared" / "datasets"
 
