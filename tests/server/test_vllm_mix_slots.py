@@ -115,3 +115,19 @@ def test_a_skill_that_fails_to_load_fails_its_request_and_can_be_tried_again(tmp
         assert len(w.slots) == 1 and w.slots.held() == 0  # a#1 stays resident, idle; d#4 is gone
 
     run(scenario())
+
+
+def test_an_earlier_process_s_folder_for_the_same_key_is_never_served(tmp_path: Path) -> None:
+    """Version keys restart at name#1 in every process: a folder left by the last one holds other weights."""
+    stale = tmp_path / "a#1"
+    stale.mkdir()
+    (stale / "adapter_config.json").write_text("{}")  # what an earlier process wrote for another a#1
+    w = World(tmp_path, slots=2)
+
+    async def scenario() -> None:
+        held = await w.slots.acquire(["a#1"])
+        config = (held["a#1"].folder / "adapter_config.json").read_text()
+        assert config != "{}" and (held["a#1"].folder / "adapter_model.safetensors").exists()
+        await w.slots.release(held.values())
+
+    run(scenario())

@@ -52,6 +52,7 @@ class SkillSlots:
         first_id: int = 1,
     ) -> None:
         self.folder, self.base_model_id, self.slots = folder, base_model_id, slots
+        shutil.rmtree(folder, ignore_errors=True)  # an earlier process's folders: its name#gen keys named other weights
         self._loader, self._load, self._unload = loader, load, unload
         self._ids = itertools.count(first_id)
         self._residents: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
