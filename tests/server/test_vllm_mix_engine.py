@@ -63,17 +63,6 @@ def engine(smollm, skills, tmp_path_factory):  # type: ignore[no-untyped-def]
     eng.close()
 
 
-@pytest.fixture(scope="module")
-def hf_engine(smollm, skills):  # type: ignore[no-untyped-def]
-    from skillpool.server.engines.hf import HFEngine
-
-    eng = HFEngine(smollm.path, device="cpu")
-    for name, a in skills.items():
-        eng.add_skill(name, lambda a=a: a)
-    yield eng
-    eng.close()
-
-
 def request(engine, prompt: str, mix=(), max_tokens: int = 8) -> EngineRequest:  # type: ignore[no-untyped-def]
     ids = engine.encode_chat([{"role": "user", "content": prompt}])
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
