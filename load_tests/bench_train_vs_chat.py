@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.bench_serving import Load  # noqa: E402
 from load_tests.common import rows, upload, user_text  # noqa: E402
+from load_tests.serving_load import Load  # noqa: E402
 
 
 def measure(load: Load, prompts: list[str], clients: int) -> list[dict[str, float]]:

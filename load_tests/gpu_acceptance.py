@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from load_tests.acceptance_parts import Served, route_part, serve_setup  # noqa: E402
-from load_tests.bench_serving import Load, summarize  # noqa: E402
+from load_tests.serving_load import Load, summarize  # noqa: E402
 
 LLAMA_7B = dict(
     hidden_size=4096,

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
-from skillpool.adapters_store.base_model import BaseModel
+import importlib.util
+
+from skillpool.adapters_store.base_model import BaseModel, resolve_device
 
 from .embedder import Embedder, SentenceEmbedder
 from .modes import mode_class
 from .router import Router
 from .sapt import TokenPooler
 from .types import RouterSettings
+
+EMBEDDERS = ("auto", "onnx", "torch")
+
+
+def make_embedder(kind: str = "auto", device: str | None = None, threads: int = 1) -> Embedder:
+    """The router's MiniLM: ONNX Runtime on `threads` CPU threads (kind onnx, or auto on a CPU with onnxruntime
+    installed) or sentence-transformers on `device`. Both give the same vectors (float32 rounding apart), so a
+    store's keys serve either."""
+    if kind not in EMBEDDERS:
+        raise ValueError(f"embedder must be one of {', '.join(EMBEDDERS)}, not {kind!r}")
+    if threads < 1:
+        raise ValueError(f"router threads must be at least 1, not {threads}")
+    on_cpu = resolve_device(device) == "cpu"
+    if kind == "onnx" and not on_cpu:
+        raise ValueError("the onnx embedder runs on the CPU: use --embedder torch (or auto) with --device cuda")
+    if kind == "onnx" or (kind == "auto" and on_cpu and importlib.util.find_spec("onnxruntime") is not None):
+        from .embedder_onnx import OnnxEmbedder
+
+        return OnnxEmbedder(threads=threads)
+    return SentenceEmbedder(device=device)
 
 
 def make_router(

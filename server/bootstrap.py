@@ -10,7 +10,7 @@ from transformers import AutoConfig
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_base_model, resolve_device
 from skillpool.adapters_store.store import SkillStore
-from skillpool.router.build import make_router
+from skillpool.router.build import make_embedder, make_router
 from skillpool.router.embedder import Embedder
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.jobs import JobQueue, LocalJobQueue
@@ -125,6 +125,7 @@ def build_components(
     metrics = Metrics()
     store = SkillStore(cfg.data_dir)
     engine = engine or make_engine(cfg, base, metrics)
+    embedder = embedder or make_embedder(cfg.embedder, cfg.device, cfg.router_threads)
     router = make_router(cfg.router, base, embedder, cfg.device)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
@@ -141,8 +142,10 @@ def build_components(
         jobs = LocalJobQueue(
             cfg.data_dir / "jobs", runner=runner, on_success=pool.register, on_finish=count, on_event=pool.on_event
         )
+    on_cpu = resolve_device(cfg.device) == "cpu"
+    chunk = cfg.routing_batch_size or (1 if on_cpu else cfg.max_batch_size)
     routing = RoutingStage(
-        router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_loaded_skills, cfg.max_waiting
+        router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_loaded_skills, cfg.max_waiting, chunk
     )
     components = Components(cfg, base, store, engine, router, pool, jobs, routing, metrics, time.time())
     _ = components.files  # open the file store now: it sweeps the partial uploads of a server that was killed

@@ -83,6 +83,21 @@ class ServerConfig:
     batch_window_s: float = option(
         0.01, "routing: wait this long (ms) to batch embeddings", "--batch-window-ms", per=1000
     )
+    routing_batch_size: int | None = option(
+        None,
+        "routing: requests embedded per call, shortest first, each call's requests sent on as it ends (default: 1 "
+        "on a CPU, where batching saves nothing and makes each request wait for the whole batch; "
+        "--max-batch-size on CUDA)",
+    )
+    embedder: str = option(
+        "auto",
+        "routing: the MiniLM runtime. onnx: ONNX Runtime on the CPU (the same vectors as torch, on its own "
+        "--router-threads); torch: sentence-transformers; auto: onnx on a CPU, torch on CUDA",
+        choices=("auto", "onnx", "torch"),
+    )
+    router_threads: int = option(
+        1, "routing: CPU threads of the onnx MiniLM; the engine's torch keeps --threads (docs/routing.md)"
+    )
     max_batch_size: int = option(32, "rows decoding at once (vLLM's max_num_seqs)")
     max_batched_tokens: int = option(
         512, "tokens per engine step (decode rows + prefill); longer prompts are prefilled in chunks"

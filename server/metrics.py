@@ -43,6 +43,11 @@ class Metrics:
         self.router_seconds = Histogram(
             "skillpool_router_latency_seconds", "Router latency per batch", buckets=_LATENCY, registry=r
         )
+        self.router_cpu = Counter(
+            "skillpool_router_cpu_seconds",
+            "CPU time the routing stage's thread spent routing (embedding included when it runs on that thread)",
+            registry=r,
+        )
         self.router_score = Histogram(
             "skillpool_router_score",
             "Best key cosine score per routed request",

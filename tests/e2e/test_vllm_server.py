@@ -22,7 +22,7 @@ PROMPT = "Name three animals that live in the sea."
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):  # type: ignore[no-untyped-def]
     pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
-    from load_tests.bench_serving import make_skills
+    from load_tests.serving_load import make_skills
     from skillpool.evaluation.process import ServerProcess
 
     dataset_dir("superni", "task1729_personachat_generate_next")  # the skills' router keys come from SuperNI

@@ -97,3 +97,42 @@ def test_a_full_routing_queue_is_busy_and_the_waiting_requests_still_get_routed(
     finally:
         stage.close()
     assert [d.reason for d in decisions] == ["no_skills"] * 3
+
+
+class LoggingRouter(Router):
+    """Records each call's texts and how many requests of the batch had their decision when it started."""
+
+    calls: list[list[str]]
+    settled_at_call: list[int]
+    futures: list[asyncio.Future[Decision]]
+
+    def route_traffic(self, texts):  # type: ignore[no-untyped-def]
+        self.settled_at_call.append(sum(f.done() for f in self.futures))
+        self.calls.append(list(texts))
+        return super().route_traffic(texts)
+
+
+def test_a_chunked_batch_routes_shortest_first_and_sends_each_decision_on_at_once(embedder) -> None:  # type: ignore[no-untyped-def]
+    router = LoggingRouter(embedder)
+    router.calls, router.settled_at_call, router.futures = [], [], []
+    stage = RoutingStage(router, Metrics(), window_s=0.3, max_batch=32, chunk=1)
+    texts = ["a much longer question about the weather tomorrow", "hi", "a medium question", "why?"]
+
+    async def main() -> list[Decision]:
+        tasks = [asyncio.ensure_future(stage.decide(t, "auto")) for t in texts]
+        router.futures = tasks  # type: ignore[assignment]
+        return await asyncio.gather(*tasks)
+
+    try:
+        decisions = asyncio.run(main())
+    finally:
+        stage.close()
+    assert router.calls == [["hi"], ["why?"], ["a medium question"], [texts[0]]]
+    assert [d.reason for d in decisions] == ["no_skills"] * 4
+    # the shortest requests were answered while the longest still waited to be embedded
+    assert router.settled_at_call[-1] >= 1
+
+
+def test_a_routing_batch_size_below_one_is_refused(embedder) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="at least 1"):
+        RoutingStage(Router(embedder), Metrics(), window_s=0.01, max_batch=8, chunk=0)

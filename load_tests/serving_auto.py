@@ -1,0 +1,132 @@
+"""`auto` against what it routes to, for bench_serving: does routing cost the engine anything?
+
+  - an empty pool: every `auto` request falls back to the base model (and is still embedded, to feed the
+    demand clusters), so `auto` against plain base traffic is the routing stage's cost alone;
+  - a 10-skill pool: `auto` against the same requests forced to the route `auto` gave each of them (read from
+    its x-skillpool-route header), so both sides decode the same mixes.
+
+Each comparison runs 1 client and then N closed-loop clients in interleaved rounds (A B B A ...) after a
+discarded warm-up over the same prompts, so every round finds the same prompt KV in the prefix cache (the
+server's default) and neither side reuses what the other side's round left. The
+router's share of the server's CPU time comes from skillpool_router_cpu_seconds_total over /proc's count for
+the whole server process, over the `auto` rounds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from load_tests.serving_load import Load, summarize
+
+Result = tuple[list[dict[str, float]], float]
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process, all its threads (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def router_cpu_s(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("skillpool_router_cpu_seconds_total "):
+            return float(line.split()[1])
+    raise RuntimeError("the server exports no skillpool_router_cpu_seconds_total")
+
+
+def interleaved(
+    load: Load,
+    clients: int,
+    per_client: int,
+    prompts: list[str],
+    sides: dict[str, Callable[[str], str]],
+    rounds: int,
+    pid: int,
+    url: str,
+) -> tuple[dict[str, Result], float]:
+    """Rounds of every side (order flipped each round) after a warm-up of the first; each side's rounds pooled.
+    Also returns the router's share of the server's CPU time during the `auto` rounds."""
+
+    def pick(model: Callable[[str], str]) -> Callable[[int, int], tuple[str, str]]:
+        def f(c: int, j: int) -> tuple[str, str]:
+            text = prompts[(c * per_client + j) % len(prompts)]
+            return model(text), text
+
+        return f
+
+    first = next(iter(sides))
+    load.closed(clients, per_client, pick(sides[first]))  # warm-up, not recorded
+    parts: dict[str, list[Result]] = {name: [] for name in sides}
+    cpu = router = 0.0
+    for r in range(rounds):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            c0, r0 = process_cpu_s(pid), router_cpu_s(url)
+            parts[name].append(load.closed(clients, per_client, pick(sides[name])))
+            if name.startswith("auto"):
+                cpu += process_cpu_s(pid) - c0
+                router += router_cpu_s(url) - r0
+    pooled = {n: ([x for res, _ in p for x in res], sum(w for _, w in p)) for n, p in parts.items()}
+    return pooled, router / cpu if cpu else 0.0
+
+
+def auto_scenarios(
+    server: Callable[[Path], Any],
+    empty_dir: Path,
+    pool_dir: Path,
+    prompts: list[str],
+    clients: int,
+    per_client: int,
+    max_tokens: int,
+    rounds: int,
+    slo: tuple[float, float],
+) -> list[str]:
+    """Runs both comparisons; returns the table rows and ratio lines to print."""
+    from openai import OpenAI
+
+    out: list[str] = []
+    stats: dict[str, dict[str, float]] = {}
+
+    def record(name: str, res: Result, share: float | None = None) -> dict[str, float]:
+        s = stats[name] = summarize(*res, *slo)
+        tail = f", router {share:.1%} of server CPU" if share is not None else ""
+        out.append(
+            f"  {name:46s} {s['n']:3.0f} {s['tok_s']:7.1f} tok/s, ttft p50 {s['ttft_p50']:.2f}s "
+            f"p99 {s['ttft_p99']:.2f}s, itl p50 {s['itl_p50'] * 1000:.0f}ms{tail}"
+        )
+        print(out[-1], flush=True)
+        return s
+
+    for label, folder in (("empty pool", empty_dir), ("10-skill pool", pool_dir)):
+        with server(folder) as srv:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+            load = Load(client, max_tokens)
+            load.one("auto", prompts[-1])  # warm-up: loads the router and the engine
+
+            other: tuple[str, Callable[[str], str]] = (
+                ("base", lambda t: "base")
+                if label == "empty pool"
+                else ("forced to auto's routes, 10-skill pool", lambda t, routes=load.routes: routes[t])
+            )
+            sides: dict[str, Callable[[str], str]] = {f"auto, {label}": lambda t: "auto", other[0]: other[1]}
+            for n in (1, clients):
+                res, share = interleaved(load, n, per_client, prompts, sides, rounds, srv.proc.pid, srv.url)
+                auto, forced = list(sides)
+                plural = "s" * (n > 1)
+                stats[f"{label} auto {n}"] = record(f"{auto}, {n} client{plural}", res[auto], share)
+                stats[f"{label} other {n}"] = record(f"{forced}, {n} client{plural}", res[forced])
+    e1, e16, b16 = (stats[f"empty pool {k}"] for k in ("auto 1", f"auto {clients}", f"other {clients}"))
+    p16, f16 = stats[f"10-skill pool auto {clients}"], stats[f"10-skill pool other {clients}"]
+    out += [
+        "ratios (same run):",
+        f"  auto on an empty pool vs base, {clients} clients: tok/s {e16['tok_s'] / b16['tok_s']:.2f}x (target >= 0.95x), "
+        f"TTFT p50 {e16['ttft_p50'] / b16['ttft_p50']:.2f}x (target <= 1.2x); "
+        f"vs one auto client's TTFT p50 {e16['ttft_p50'] / e1['ttft_p50']:.2f}x (target <= 2x)",
+        f"  auto over 10 skills vs the same routes forced, {clients} clients: tok/s {p16['tok_s'] / f16['tok_s']:.2f}x "
+        f"(target >= 0.95x), TTFT p50 {p16['ttft_p50'] / f16['ttft_p50']:.2f}x (target <= 1.2x)",
+    ]
+    return out

@@ -1,0 +1,157 @@
+"""What the serving benchmarks share: synthetic skills, a streaming closed-/open-loop load through the openai
+client, and the summary of its per-request timings."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from load_tests.common import rows, user_text
+
+GROUP = "superni"
+TASKS = (
+    "task1729_personachat_generate_next",
+    "task639_multi_woz_user_utterance_generation",
+    "task1590_diplomacy_text_generation",
+    "task748_glucose_reverse_cause_event_detection",
+)
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def make_skills(data_dir: Path, n: int, rank: int, seed: int = 0) -> list[str]:
+    """n skills: random rank-r blocks on q,k,v,o; skill i gets task i%4's router keys with a little noise."""
+    import torch
+    from safetensors.torch import load_file
+
+    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
+    from skillpool.adapters_store.store import SkillDraft, SkillStore
+    from skillpool.router import Router
+    from skillpool.router.embedder import SentenceEmbedder
+
+    base = resolve_base_model()
+    shapes: dict[str, tuple[int, int]] = {}
+    weights = load_file(str(next(base.path.glob("*.safetensors"))))
+    for key, t in weights.items():
+        mod = key.removesuffix(".weight")
+        if key.endswith(".weight") and mod.rsplit(".", 1)[-1] in TARGETS:
+            shapes[mod] = (t.shape[1], t.shape[0])
+    del weights
+    store, router = SkillStore(data_dir), Router(SentenceEmbedder())
+    keys = [router.prepare_keys([user_text(r) for r in rows(GROUP, t, "train", 200)]) for t in TASKS]
+    g = torch.Generator().manual_seed(seed)
+    names = []
+    for i in range(n):
+        name = f"skill-{i:04d}"
+        adapter = LoRAAdapter(
+            {
+                m: LoRAFactors(
+                    torch.randn(rank, d_in, generator=g) * 0.02, torch.randn(d_out, rank, generator=g) * 0.02, 2.0
+                )
+                for m, (d_in, d_out) in shapes.items()
+            }
+        )
+        tensors = {k: v.clone() for k, v in keys[i % len(TASKS)].items()}
+        for k in ("dtkr_keys", "centroid_keys"):
+            tensors[k] = tensors[k] + 0.01 * torch.randn(tensors[k].shape, generator=g)
+        store.write(
+            SkillDraft(
+                name=name,
+                write_adapter=lambda f, a=adapter: save_peft_adapter(a, f, base.model_id, 2.0 * rank, TARGETS),
+                router_tensors=tensors,
+                meta={"base_model": {"id": base.model_id, "fingerprint": base.fingerprint}, "eval": None},
+                replay=[],
+                probe=[],
+            )
+        )
+        names.append(name)
+    return names
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+class Load:
+    """Streams requests and records, per request: TTFT, mean inter-token latency, end-to-end time, tokens."""
+
+    def __init__(self, client: Any, max_tokens: int) -> None:
+        self.client, self.max_tokens = client, max_tokens
+        self.routes: dict[str, str] = {}  # each prompt's last x-skillpool-route (what `auto` served it)
+
+    def one(self, model: str, text: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        first = last = None
+        ntok = 0
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[{"role": "user", "content": text}],
+            temperature=0,
+            max_tokens=self.max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        self.routes[text] = raw.headers.get("x-skillpool-route", "")
+        for chunk in raw.parse():
+            if chunk.choices and chunk.choices[0].delta.content:
+                last = time.perf_counter()
+                first = first or last
+            if chunk.usage:
+                ntok = chunk.usage.completion_tokens
+        end = time.perf_counter()
+        ttft = (first or end) - t0
+        itl = ((last or end) - (first or end)) / max(1, ntok - 1)
+        return {"ttft": ttft, "itl": itl, "e2e": end - t0, "tokens": ntok}
+
+    def closed(self, clients: int, per_client: int, pick: Any) -> tuple[list[dict[str, float]], float]:
+        """`clients` closed loops, each sending its next request when the last one ends."""
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(clients) as pool:
+            futs = [pool.submit(lambda c=c: [self.one(*pick(c, j)) for j in range(per_client)]) for c in range(clients)]
+            res = [r for f in futs for r in f.result()]
+        return res, time.perf_counter() - t0
+
+    def poisson(self, rate: float, n: int, pick: Any, seed: int = 0) -> tuple[list[dict[str, float]], float]:
+        """n requests at exponential inter-arrival times (open loop: nobody waits for an answer to send)."""
+        rng = random.Random(seed)
+        results: list[dict[str, float]] = []
+        lock = threading.Lock()
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(64) as pool:
+            futs = []
+            for j in range(n):
+                futs.append(pool.submit(lambda j=j: self.one(*pick(0, j))))
+                time.sleep(rng.expovariate(rate))
+            for f in futs:
+                with lock:
+                    results.append(f.result())
+        return results, time.perf_counter() - t0
+
+
+def summarize(res: list[dict[str, float]], wall: float, slo_ttft: float, slo_itl: float) -> dict[str, float]:
+    good = [r for r in res if r["ttft"] <= slo_ttft and r["itl"] <= slo_itl]
+    return {
+        "n": len(res),
+        "tok_s": sum(r["tokens"] for r in res) / wall,
+        "ttft_p50": statistics.median(r["ttft"] for r in res),
+        "ttft_p99": pct([r["ttft"] for r in res], 0.99),
+        "itl_p50": statistics.median(r["itl"] for r in res),
+        "itl_p99": pct([r["itl"] for r in res], 0.99),
+        "e2e_p50": statistics.median(r["e2e"] for r in res),
+        "goodput": len(good) / len(res),
+        "good_tok_s": sum(r["tokens"] for r in good) / wall,
+    }
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
