@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from skillpool.router.embedder import CachedEmbedder, Embedder, SentenceEmbedder
+from skillpool.router.build import EMBEDDERS, make_embedder
+from skillpool.router.embedder import CachedEmbedder, Embedder
 from skillpool.router.flags import EVAL_FIELDS, add_router_flags, router_settings
 from skillpool.router.modes import mode_class
 from skillpool.router.router import Decision, Features, Router
@@ -146,6 +148,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cache", type=Path, default=None, help="keep sentence embeddings here between runs (keyed by model and texts)"
     )
     p.add_argument("--device", default=None, help="where MiniLM runs: cpu or cuda (default: cuda when available)")
+    p.add_argument(
+        "--embedder",
+        choices=EMBEDDERS,
+        default="torch",
+        help="MiniLM's runtime, as `serve --embedder` (default torch; onnx runs on every core here)",
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -165,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args.model or resolve_base_model().path, settings.sapt.max_tokens, settings.sapt.pool
         )
     t0 = time.perf_counter()
-    embedder: Embedder = SentenceEmbedder(device=args.device)
+    embedder: Embedder = make_embedder(args.embedder, args.device, threads=os.cpu_count() or 1)
     if args.cache:
         embedder = CachedEmbedder(embedder, args.cache)
     result = evaluate(tasks, Router(embedder, settings, pooler), args.replay_fraction)

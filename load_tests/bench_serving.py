@@ -246,8 +246,7 @@ def main() -> int:
             flags += args.auto_server_flags.split()
             lines = auto_scenarios(
                 lambda folder, flags=flags: ServerProcess(folder, flags),
-                root / "empty",
-                root / "small",
+                {"empty pool": root / "empty", f"{args.skills}-skill pool": root / "small"},
                 prompts,
                 args.clients,
                 args.per_client,

@@ -6,8 +6,9 @@
     its x-skillpool-route header), so both sides decode the same mixes.
 
 Each comparison runs 1 client and then N closed-loop clients in interleaved rounds (A B B A ...) after a
-discarded warm-up over the same prompts, so every round finds the same prompt KV in the prefix cache (the
-server's default) and neither side reuses what the other side's round left. The
+discarded warm-up of `auto` over the same prompts (which also gives the routes the forced side sends). Every
+run tags its prompts ("[a1] ...") so that no run reuses another's prompt KV from the prefix cache (on, the
+server's default), while a run's prompts share their instructions' KV as users' prompts do. The
 router's share of the server's CPU time comes from skillpool_router_cpu_seconds_total over /proc's count for
 the whole server process, over the `auto` rounds.
 """
@@ -50,23 +51,29 @@ def interleaved(
     url: str,
 ) -> tuple[dict[str, Result], float]:
     """Rounds of every side (order flipped each round) after a warm-up of the first; each side's rounds pooled.
-    Also returns the router's share of the server's CPU time during the `auto` rounds."""
+    Every side sends the same prompts, each run under a tag of its own ("[a1] ...") so that no run finds
+    another run's prompt KV in the prefix cache, while prompts within a run share their instructions' KV as
+    users' prompts do. `sides` maps a side's name to the model for an (untagged) prompt. Also returns the
+    router's share of the server's CPU time during the `auto` rounds."""
 
-    def pick(model: Callable[[str], str]) -> Callable[[int, int], tuple[str, str]]:
+    def pick(model: Callable[[str], str], tag: str) -> Callable[[int, int], tuple[str, str]]:
         def f(c: int, j: int) -> tuple[str, str]:
             text = prompts[(c * per_client + j) % len(prompts)]
-            return model(text), text
+            return model(text), f"[{tag}] {text}"
 
         return f
 
     first = next(iter(sides))
-    load.closed(clients, per_client, pick(sides[first]))  # warm-up, not recorded
+    load.closed(clients, per_client, pick(sides[first], "w"))  # warm-up, not recorded
     parts: dict[str, list[Result]] = {name: [] for name in sides}
     cpu = router = 0.0
     for r in range(rounds):
-        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+        for i, name in enumerate(sides):
+            if r % 2:
+                name = list(sides)[len(sides) - 1 - i]
             c0, r0 = process_cpu_s(pid), router_cpu_s(url)
-            parts[name].append(load.closed(clients, per_client, pick(sides[name])))
+            tag = f"{'ab'[list(sides).index(name)]}{r + 1}"
+            parts[name].append(load.closed(clients, per_client, pick(sides[name], tag)))
             if name.startswith("auto"):
                 cpu += process_cpu_s(pid) - c0
                 router += router_cpu_s(url) - r0
@@ -76,8 +83,7 @@ def interleaved(
 
 def auto_scenarios(
     server: Callable[[Path], Any],
-    empty_dir: Path,
-    pool_dir: Path,
+    pools: dict[str, Path],
     prompts: list[str],
     clients: int,
     per_client: int,
@@ -85,7 +91,8 @@ def auto_scenarios(
     rounds: int,
     slo: tuple[float, float],
 ) -> list[str]:
-    """Runs both comparisons; returns the table rows and ratio lines to print."""
+    """Runs the comparison of each pool ("empty pool": against base; any other: against `auto`'s routes forced);
+    returns the table rows and ratio lines to print."""
     from openai import OpenAI
 
     out: list[str] = []
@@ -101,7 +108,7 @@ def auto_scenarios(
         print(out[-1], flush=True)
         return s
 
-    for label, folder in (("empty pool", empty_dir), ("10-skill pool", pool_dir)):
+    for label, folder in pools.items():
         with server(folder) as srv:
             client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
             load = Load(client, max_tokens)
@@ -110,7 +117,7 @@ def auto_scenarios(
             other: tuple[str, Callable[[str], str]] = (
                 ("base", lambda t: "base")
                 if label == "empty pool"
-                else ("forced to auto's routes, 10-skill pool", lambda t, routes=load.routes: routes[t])
+                else (f"forced to auto's routes, {label}", lambda t, routes=load.routes: routes[f"[w] {t}"])
             )
             sides: dict[str, Callable[[str], str]] = {f"auto, {label}": lambda t: "auto", other[0]: other[1]}
             for n in (1, clients):
@@ -119,14 +126,25 @@ def auto_scenarios(
                 plural = "s" * (n > 1)
                 stats[f"{label} auto {n}"] = record(f"{auto}, {n} client{plural}", res[auto], share)
                 stats[f"{label} other {n}"] = record(f"{forced}, {n} client{plural}", res[forced])
-    e1, e16, b16 = (stats[f"empty pool {k}"] for k in ("auto 1", f"auto {clients}", f"other {clients}"))
-    p16, f16 = stats[f"10-skill pool auto {clients}"], stats[f"10-skill pool other {clients}"]
-    out += [
-        "ratios (same run):",
-        f"  auto on an empty pool vs base, {clients} clients: tok/s {e16['tok_s'] / b16['tok_s']:.2f}x (target >= 0.95x), "
-        f"TTFT p50 {e16['ttft_p50'] / b16['ttft_p50']:.2f}x (target <= 1.2x); "
-        f"vs one auto client's TTFT p50 {e16['ttft_p50'] / e1['ttft_p50']:.2f}x (target <= 2x)",
-        f"  auto over 10 skills vs the same routes forced, {clients} clients: tok/s {p16['tok_s'] / f16['tok_s']:.2f}x "
-        f"(target >= 0.95x), TTFT p50 {p16['ttft_p50'] / f16['ttft_p50']:.2f}x (target <= 1.2x)",
-    ]
+            if label != "empty pool":  # the forced side replays the warm-up's routes: how often auto agreed
+                same = [
+                    load.routes[k] == load.routes.get(f"[w] {k.split('] ', 1)[1]}") for k in load.routes if k[1] == "a"
+                ]
+                out.append(
+                    f"  {label}: auto's measured routes equal the warm-up's (which forced replays) for {sum(same)}/{len(same)}"
+                )
+    out.append("ratios (same run):")
+    if "empty pool" in pools:
+        e1, e16, b16 = (stats[f"empty pool {k}"] for k in ("auto 1", f"auto {clients}", f"other {clients}"))
+        out.append(
+            f"  auto on an empty pool vs base, {clients} clients: tok/s {e16['tok_s'] / b16['tok_s']:.2f}x (target >= 0.95x), "
+            f"TTFT p50 {e16['ttft_p50'] / b16['ttft_p50']:.2f}x (target <= 1.2x); "
+            f"vs one auto client's TTFT p50 {e16['ttft_p50'] / e1['ttft_p50']:.2f}x (target <= 2x)"
+        )
+    for label in (x for x in pools if x != "empty pool"):
+        p16, f16 = stats[f"{label} auto {clients}"], stats[f"{label} other {clients}"]
+        out.append(
+            f"  auto over the {label} vs the same routes forced, {clients} clients: tok/s {p16['tok_s'] / f16['tok_s']:.2f}x "
+            f"(target >= 0.95x), TTFT p50 {p16['ttft_p50'] / f16['ttft_p50']:.2f}x (target <= 1.2x)"
+        )
     return out

@@ -74,7 +74,8 @@ def export_onnx(model_path: Path, max_len: int) -> Path:
 
 
 class OnnxEmbedder:
-    """Mean-pooled, L2-normalized MiniLM embeddings through ONNX Runtime on `threads` CPU threads."""
+    """Mean-pooled, L2-normalized MiniLM embeddings through ONNX Runtime, each call on `threads` CPU threads;
+    calls from several threads run at once (ONNX Runtime's sessions are safe to share)."""
 
     def __init__(self, model_path: str | Path | None = None, threads: int = 1, batch_size: int = 64) -> None:
         import onnxruntime as ort
@@ -91,10 +92,12 @@ class OnnxEmbedder:
         # one thread runs on the caller's thread: no pool of its own spinning beside the engine's
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # idle pool threads sleep instead of spinning: the cores they would spin on run the engine's steps
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(
             str(export_onnx(path, self.max_len)), opts, providers=["CPUExecutionProvider"]
         )
-        self._lock = threading.Lock()  # one run at a time: the session's pool is sized for one caller
+        self._lock = threading.Lock()  # the tokenizer is not safe to share across threads; the session is
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-norm embeddings, `batch_size` texts per run, longest first (as sentence-transformers batches)."""
@@ -108,11 +111,11 @@ class OnnxEmbedder:
         return out
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_len, return_tensors="np")
+        with self._lock:
+            enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_len, return_tensors="np")
         mask = enc["attention_mask"].astype(np.int64)
         feed = {"ids": enc["input_ids"].astype(np.int64), "mask": mask, "tt": enc["token_type_ids"].astype(np.int64)}
-        with self._lock:
-            hidden = self.session.run(None, feed)[0]
+        hidden = self.session.run(None, feed)[0]  # concurrent runs: one per routing worker, each on `threads`
         m = mask[..., None].astype(np.float32)
         v = (hidden * m).sum(1) / np.maximum(m.sum(1), 1e-9)
         v /= np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)

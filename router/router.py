@@ -197,6 +197,8 @@ class Router:
         """route() for live requests: the ones that fall back feed the demand clusters (self.demand)."""
         if not texts:
             return []
+        if not self._skills:  # nothing to route to, and no_skills fallbacks do not feed demand: skip MiniLM
+            return [Decision(route=[], reason="no_skills") for _ in texts]
         f = self.features(texts)
         ds = self.route_features(f)
         fell = [i for i, d in enumerate(ds) if not d.route and d.reason != "no_skills"]

@@ -125,7 +125,7 @@ def build_components(
     metrics = Metrics()
     store = SkillStore(cfg.data_dir)
     engine = engine or make_engine(cfg, base, metrics)
-    embedder = embedder or make_embedder(cfg.embedder, cfg.device, cfg.router_threads)
+    embedder = embedder or make_embedder(cfg.embedder, cfg.device)
     router = make_router(cfg.router, base, embedder, cfg.device)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
@@ -144,8 +144,22 @@ def build_components(
         )
     on_cpu = resolve_device(cfg.device) == "cpu"
     chunk = cfg.routing_batch_size or (1 if on_cpu else cfg.max_batch_size)
+    workers = cfg.router_threads if on_cpu else 1  # a GPU MiniLM batches instead
     routing = RoutingStage(
-        router, metrics, cfg.batch_window_s, cfg.max_batch_size, cfg.max_loaded_skills, cfg.max_waiting, chunk
+        router,
+        metrics,
+        cfg.batch_window_s,
+        cfg.max_batch_size,
+        cfg.max_loaded_skills,
+        cfg.max_waiting,
+        chunk,
+        workers,
+    )
+    log.info(
+        "routing: MiniLM through %s, %d request(s) per call, %d thread(s)",
+        type(router.embedder).__name__,
+        chunk,
+        workers,
     )
     components = Components(cfg, base, store, engine, router, pool, jobs, routing, metrics, time.time())
     _ = components.files  # open the file store now: it sweeps the partial uploads of a server that was killed

@@ -45,6 +45,17 @@ def byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with a unit: 20GiB, 512MiB)") from None
 
 
+def positive_int(text: str) -> int:
+    """A count that must be at least 1 (threads, a batch size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def option(default: Any, help: str, *names: str, **kw: Any) -> Any:
     """A field default with its flag's `Option` as metadata."""
     return field(default=default, metadata={"option": Option(help, names, **kw)})
@@ -88,15 +99,19 @@ class ServerConfig:
         "routing: requests embedded per call, shortest first, each call's requests sent on as it ends (default: 1 "
         "on a CPU, where batching saves nothing and makes each request wait for the whole batch; "
         "--max-batch-size on CUDA)",
+        parse=positive_int,
     )
     embedder: str = option(
         "auto",
-        "routing: the MiniLM runtime. onnx: ONNX Runtime on the CPU (the same vectors as torch, on its own "
-        "--router-threads); torch: sentence-transformers; auto: onnx on a CPU, torch on CUDA",
+        "routing: the MiniLM runtime. onnx: ONNX Runtime on the CPU (the same vectors as torch, one core per "
+        "call, beside the engine's torch threads); torch: sentence-transformers; auto: onnx on a CPU, torch on CUDA",
         choices=("auto", "onnx", "torch"),
     )
     router_threads: int = option(
-        1, "routing: CPU threads of the onnx MiniLM; the engine's torch keeps --threads (docs/routing.md)"
+        2,
+        "routing on a CPU: threads that route requests at once, each running MiniLM on one core, so a burst of "
+        "arrivals is routed on every one of them while the engine waits for it (docs/routing.md)",
+        parse=positive_int,
     )
     max_batch_size: int = option(32, "rows decoding at once (vLLM's max_num_seqs)")
     max_batched_tokens: int = option(

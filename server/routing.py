@@ -1,11 +1,11 @@
 """Routing as its own stage in front of the engine.
 
 A thread collects the `auto` requests that arrive within `window_s` of each other (up to `max_batch`)
-and routes them shortest first, `chunk` per embedding call, sending each call's decisions on as it ends
-(on a CPU a chunk of 1: batching saves nothing there, and a request would wait for the whole batch); the
-event loop awaits each request's decision and only then submits the request to the engine with its mix
-attached. Decode steps never wait for MiniLM, and
-routing never waits for decoding. Forced and base requests need no router and are decided at once.
+and queues them shortest first, `chunk` per embedding call, for `workers` threads that route them and send
+each call's decisions on as it ends (on a CPU a chunk of 1, since batching saves nothing there and a request
+would wait for the whole batch; two workers, so a burst of arrivals is routed on both cores while the engine
+waits for it). The event loop awaits each request's decision and only then submits the request to the engine
+with its mix attached. Decode steps never wait for MiniLM, and routing never waits for decoding. Forced and base requests need no router and are decided at once.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class RoutingStage:
         max_skills: int | None = None,
         max_waiting: int | None = None,
         chunk: int | None = None,
+        workers: int = 1,
     ) -> None:
         self.router, self.metrics, self.window_s, self.max_batch = router, metrics, window_s, max_batch
         # requests embedded per router call (default: the whole batch); each call's requests go on as it ends
@@ -55,9 +57,18 @@ class RoutingStage:
             raise ValueError(f"routing batch size must be at least 1, not {self.chunk}")
         self.max_skills = max_skills  # an engine that keeps k skills resident serves mixes of at most k
         self.max_waiting = max_waiting  # requests waiting to be routed beyond this: EngineBusy (429)
+        if workers < 1:
+            raise ValueError(f"routing threads must be at least 1, not {workers}")
         self._q: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        # chunks ready to route, by (window, length, order): shortest first within a window, windows in turn
+        self._work: queue.PriorityQueue[tuple[int, int, int, list[_Item] | None]] = queue.PriorityQueue()
+        self._waiting, self._count_lock = 0, threading.Lock()  # requests queued and not yet taken by a worker
         self._thread = threading.Thread(target=self._run, name="skillpool-router", daemon=True)
-        self._thread.start()
+        self._workers = [
+            threading.Thread(target=self._work_loop, name=f"skillpool-router-{i}", daemon=True) for i in range(workers)
+        ]
+        for t in (self._thread, *self._workers):
+            t.start()
 
     async def decide(self, text: str, target: Target) -> Decision:
         """`target`: "auto" routes; "base" is the base model; a skill name or a mix is forced. Raises
@@ -71,9 +82,10 @@ class RoutingStage:
         else:
             if not self.alive():  # a request queued to a dead stage would wait forever
                 raise RuntimeError("the routing stage has stopped")
-            waiting = self._q.qsize()
-            if self.max_waiting is not None and waiting >= self.max_waiting:
-                raise EngineBusy(waiting)
+            with self._count_lock:
+                if self.max_waiting is not None and self._waiting >= self.max_waiting:
+                    raise EngineBusy(self._waiting)
+                self._waiting += 1
             loop = asyncio.get_running_loop()
             item = _Item(text, loop.create_future(), loop)
             self._q.put(item)
@@ -82,7 +94,7 @@ class RoutingStage:
         return d
 
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and all(t.is_alive() for t in self._workers)
 
     def close(self) -> None:
         self._q.put(None)
@@ -109,16 +121,32 @@ class RoutingStage:
                 self._q.put(None)
                 break
             batch.append(item)
-        return [it for it in batch if not it.future.done()]  # a client that left while waiting
+        return batch  # a client that left while waiting is skipped when its chunk is routed
 
     def _run(self) -> None:
+        """Collects windows into chunks for the workers; the stop sentinel goes to each worker after them."""
+        window = order = 0
         while (first := self._q.get()) is not None:
-            # shortest first: with the cost linear in length (a CPU), that minimizes the batch's mean wait
+            # shortest first: with the cost linear in length (a CPU), that minimizes the window's mean wait
             batch = sorted(self._collect(first), key=lambda it: len(it.text))
             for start in range(0, len(batch), self.chunk):
-                self._route(batch[start : start + self.chunk])
+                chunk = batch[start : start + self.chunk]
+                self._work.put((window, len(chunk[0].text), order, chunk))
+                order += 1
+            window += 1
+        for _ in self._workers:
+            self._work.put((sys.maxsize, 0, (order := order + 1), None))
+
+    def _work_loop(self) -> None:
+        while (chunk := self._work.get()[3]) is not None:
+            with self._count_lock:
+                self._waiting -= len(chunk)
+            self._route(chunk)
 
     def _route(self, batch: list[_Item]) -> None:
+        batch = [it for it in batch if not it.future.done()]  # its client left while earlier chunks routed
+        if not batch:
+            return
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             # route_traffic: requests that fall back also feed the demand clusters (router.demand)

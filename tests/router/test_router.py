@@ -201,3 +201,26 @@ def test_held_out_whitened_gate_turns_away_a_look_alike_unseen_task(embedder) ->
     # measured: held-out 0.94 seen / 0.95 of yelp falling back, in-sample 0.97 / 0.88
     assert seen_h >= 0.9 and unseen_h >= 0.9, results
     assert unseen_h > unseen_i, results
+
+
+class CountingEmbedder:
+    """The real MiniLM, counting the texts it embeds."""
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.dim, self.model_id, self.texts = inner, inner.dim, inner.model_id, 0
+
+    def embed(self, texts):  # type: ignore[no-untyped-def]
+        self.texts += len(texts)
+        return self.inner.embed(texts)
+
+
+def test_live_traffic_to_an_empty_pool_is_not_embedded(embedder) -> None:  # type: ignore[no-untyped-def]
+    counting = CountingEmbedder(embedder)
+    router = Router(counting)
+    assert [d.reason for d in router.route_traffic(["hello", "what is 2 + 2?"])] == ["no_skills"] * 2
+    assert counting.texts == 0 and router.demand.observed == 0  # nothing would have used the vectors
+    texts = [e["route_text"] for e in read_task("long_sequence", "agnews", "train", 40)]
+    router.add_skill("agnews", router.prepare_keys(texts))
+    before = counting.texts
+    [d] = router.route_traffic(["Write a haiku about autumn leaves."])
+    assert counting.texts == before + 1 and d.reason != "no_skills"

@@ -109,6 +109,9 @@ def test_environment_gives_the_key_defaults(monkeypatch: pytest.MonkeyPatch) -> 
         (["--max-upload-mb", "lots"], "--max-upload-mb: invalid float value: 'lots'"),
         (["--router-format-gate", "maybe"], "--router-format-gate/--format-gate: invalid choice: 'maybe'"),
         (["--kv-cache-memory-bytes", "lots"], "not a size: 'lots'"),
+        (["--router-threads", "0"], "--router-threads: must be at least 1, not 0"),
+        (["--routing-batch-size", "two"], "--routing-batch-size: not a whole number: 'two'"),
+        (["--embedder", "openvino"], "--embedder: invalid choice: 'openvino'"),
     ],
 )
 def test_a_bad_value_is_an_argparse_error(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,3 +131,9 @@ def test_memory_flags_take_vllms_names_and_sizes_with_units() -> None:
 def test_vllm_load_format_is_passed_through_as_given() -> None:
     assert config("--vllm-load-format", "dummy").vllm_load_format == "dummy"
     assert config().vllm_load_format is None
+
+
+def test_routing_flags_pick_the_embedder_its_threads_and_the_batch_per_call() -> None:
+    assert (config().embedder, config().router_threads, config().routing_batch_size) == ("auto", 2, None)
+    cfg = config("--embedder", "torch", "--router-threads", "3", "--routing-batch-size", "8")
+    assert (cfg.embedder, cfg.router_threads, cfg.routing_batch_size) == ("torch", 3, 8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from skillpool.router import Decision, Router
 from skillpool.server.engines import EngineBusy
 from skillpool.server.metrics import Metrics
 from skillpool.server.routing import RoutingStage, _cap
+from tests.conftest import read_task
 
 
 class CountingRouter(Router):
@@ -26,7 +28,8 @@ class CountingRouter(Router):
 def test_concurrent_requests_share_one_embedding_call(embedder) -> None:  # type: ignore[no-untyped-def]
     router = CountingRouter(embedder)
     router.calls = []
-    stage = RoutingStage(router, Metrics(), window_s=0.2, max_batch=32)
+    metrics = Metrics()
+    stage = RoutingStage(router, metrics, window_s=0.2, max_batch=32)
 
     async def main() -> list[Decision]:
         return await asyncio.gather(*[stage.decide(f"question {i}", "auto") for i in range(6)])
@@ -136,3 +139,48 @@ def test_a_chunked_batch_routes_shortest_first_and_sends_each_decision_on_at_onc
 def test_a_routing_batch_size_below_one_is_refused(embedder) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="at least 1"):
         RoutingStage(Router(embedder), Metrics(), window_s=0.01, max_batch=8, chunk=0)
+    with pytest.raises(ValueError, match="at least 1"):
+        RoutingStage(Router(embedder), Metrics(), window_s=0.01, max_batch=8, workers=0)
+
+
+def test_a_cpu_server_embeds_one_request_per_call_unless_told_otherwise(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from skillpool.server.bootstrap import build_components
+    from skillpool.server.config import ServerConfig
+
+    for folder, size, want in (("default", None, 1), ("set", 8, 8)):
+        cfg = ServerConfig(data_dir=tmp_path / folder, device="cpu", routing_batch_size=size)
+        c = build_components(cfg, base=tiny_base, embedder=embedder)
+        try:
+            assert c.routing.chunk == want
+        finally:
+            c.close()
+
+
+def test_a_burst_is_routed_by_every_worker_and_their_cpu_time_is_counted(embedder) -> None:  # type: ignore[no-untyped-def]
+    texts = [e["route_text"] for e in read_task("long_sequence", "agnews", "train", 40)]
+    router = ThreadLoggingRouter(embedder)
+    router.add_skill("agnews", router.prepare_keys(texts))
+    router.threads = set()
+    metrics = Metrics()
+    stage = RoutingStage(router, metrics, window_s=0.3, max_batch=32, chunk=1, workers=2)
+
+    async def main() -> list[Decision]:
+        return await asyncio.gather(*[stage.decide(t, "auto") for t in texts[:12]])
+
+    try:
+        decisions = asyncio.run(main())
+    finally:
+        stage.close()
+    assert [d.route[0][0] for d in decisions] == ["agnews"] * 12  # each request got its own decision
+    assert router.threads == {"skillpool-router-0", "skillpool-router-1"}
+    # the routing threads' CPU time is counted (the router's share of the cores, in bench_serving and Grafana)
+    assert (metrics.registry.get_sample_value("skillpool_router_cpu_seconds_total") or 0) > 0
+
+
+class ThreadLoggingRouter(Router):
+    threads: set[str]
+
+    def route_traffic(self, texts):  # type: ignore[no-untyped-def]
+        self.threads.add(threading.current_thread().name)
+        time.sleep(0.05)  # long enough that one worker cannot drain the burst before the other takes a chunk
+        return super().route_traffic(texts)
