@@ -56,6 +56,13 @@ def main() -> int:
         "--only", choices=("all", "core", "auto"), default="all", help="core: every scenario but auto's comparisons"
     )
     ap.add_argument(
+        "--auto-vary",
+        type=float,
+        default=0.5,
+        help="auto's comparisons: answer lengths drawn per prompt from max-tokens x [1-v, 1+v] (the same on both "
+        "sides), so closed-loop clients do not all finish on one step; 0: every answer max-tokens long",
+    )
+    ap.add_argument(
         "--auto-server-flags",
         default="",
         help="more `serve` flags for auto's comparisons, e.g. '--embedder torch --routing-batch-size 32' (as before)",
@@ -253,8 +260,11 @@ def main() -> int:
                 args.max_tokens,
                 args.rounds,
                 (args.slo_ttft, args.slo_itl),
+                vary=args.auto_vary,
             )
-            print(f"\nengine {engine}: auto against what it routes to ({args.rounds} interleaved rounds)")
+            print(
+                f"\nengine {engine}: auto against what it routes to ({args.rounds} interleaved rounds, answer lengths x[1 +- {args.auto_vary}])"
+            )
             print("\n".join(lines), flush=True)
     return 0
 

@@ -16,6 +16,7 @@ the whole server process, over the `auto` rounds.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,17 +50,21 @@ def interleaved(
     rounds: int,
     pid: int,
     url: str,
+    vary: float = 0.0,
 ) -> tuple[dict[str, Result], float]:
     """Rounds of every side (order flipped each round) after a warm-up of the first; each side's rounds pooled.
     Every side sends the same prompts, each run under a tag of its own ("[a1] ...") so that no run finds
     another run's prompt KV in the prefix cache, while prompts within a run share their instructions' KV as
     users' prompts do. `sides` maps a side's name to the model for an (untagged) prompt. Also returns the
-    router's share of the server's CPU time during the `auto` rounds."""
+    router's share of the server's CPU time during the `auto` rounds. `vary` > 0: each prompt's answer length
+    is drawn once (the same on every side) from load.max_tokens × [1 - vary, 1 + vary]."""
+    rng = random.Random(1)
+    lengths = [max(1, round(load.max_tokens * (1 + vary * (2 * rng.random() - 1)))) for _ in prompts]
 
-    def pick(model: Callable[[str], str], tag: str) -> Callable[[int, int], tuple[str, str]]:
-        def f(c: int, j: int) -> tuple[str, str]:
-            text = prompts[(c * per_client + j) % len(prompts)]
-            return model(text), f"[{tag}] {text}"
+    def pick(model: Callable[[str], str], tag: str) -> Callable[[int, int], tuple[str, str, int]]:
+        def f(c: int, j: int) -> tuple[str, str, int]:
+            i = (c * per_client + j) % len(prompts)
+            return model(prompts[i]), f"[{tag}] {prompts[i]}", lengths[i]
 
         return f
 
@@ -90,6 +95,8 @@ def auto_scenarios(
     max_tokens: int,
     rounds: int,
     slo: tuple[float, float],
+    counts: tuple[int, ...] | None = None,
+    vary: float = 0.0,
 ) -> list[str]:
     """Runs the comparison of each pool ("empty pool": against base; any other: against `auto`'s routes forced);
     returns the table rows and ratio lines to print."""
@@ -120,8 +127,8 @@ def auto_scenarios(
                 else (f"forced to auto's routes, {label}", lambda t, routes=load.routes: routes[f"[w] {t}"])
             )
             sides: dict[str, Callable[[str], str]] = {f"auto, {label}": lambda t: "auto", other[0]: other[1]}
-            for n in (1, clients):
-                res, share = interleaved(load, n, per_client, prompts, sides, rounds, srv.proc.pid, srv.url)
+            for n in counts or (1, clients):
+                res, share = interleaved(load, n, per_client, prompts, sides, rounds, srv.proc.pid, srv.url, vary)
                 auto, forced = list(sides)
                 plural = "s" * (n > 1)
                 stats[f"{label} auto {n}"] = record(f"{auto}, {n} client{plural}", res[auto], share)

@@ -85,7 +85,7 @@ class Load:
         self.client, self.max_tokens = client, max_tokens
         self.routes: dict[str, str] = {}  # each prompt's last x-skillpool-route (what `auto` served it)
 
-    def one(self, model: str, text: str) -> dict[str, float]:
+    def one(self, model: str, text: str, max_tokens: int | None = None) -> dict[str, float]:
         t0 = time.perf_counter()
         first = last = None
         ntok = 0
@@ -93,7 +93,7 @@ class Load:
             model=model,
             messages=[{"role": "user", "content": text}],
             temperature=0,
-            max_tokens=self.max_tokens,
+            max_tokens=max_tokens or self.max_tokens,
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},

@@ -56,6 +56,7 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
                 on_step=metrics.batch_size.observe if metrics is not None else None,
                 kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
                 kv_reserve_bytes=_trainer_reserve(cfg, base),
+                nice=cfg.engine_nice,
             )
         except MemoryPlanError as e:  # the KV budget and the trainer cannot share this GPU
             raise SystemExit(f"skillpool serve: {e}") from None

@@ -113,6 +113,11 @@ class ServerConfig:
         "arrivals is routed on every one of them while the engine waits for it (docs/routing.md)",
         parse=positive_int,
     )
+    engine_nice: int = option(
+        5,
+        "hf on a CPU: the engine thread's nice value above the server's, so its decode steps yield the cores to "
+        "routing and HTTP, which are short and what time to first token waits on (0: the same priority)",
+    )
     max_batch_size: int = option(32, "rows decoding at once (vLLM's max_num_seqs)")
     max_batched_tokens: int = option(
         512, "tokens per engine step (decode rows + prefill); longer prompts are prefilled in chunks"

