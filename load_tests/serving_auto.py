@@ -133,12 +133,16 @@ def auto_scenarios(
                 plural = "s" * (n > 1)
                 stats[f"{label} auto {n}"] = record(f"{auto}, {n} client{plural}", res[auto], share)
                 stats[f"{label} other {n}"] = record(f"{forced}, {n} client{plural}", res[forced])
-            if label != "empty pool":  # the forced side replays the warm-up's routes: how often auto agreed
-                same = [
-                    load.routes[k] == load.routes.get(f"[w] {k.split('] ', 1)[1]}") for k in load.routes if k[1] == "a"
-                ]
+            if label != "empty pool":  # the forced side replays the warm-up's routes: how often auto chose them
+
+                def skills(route: str) -> set[str]:
+                    return {pair.split("=")[0] for pair in route.split(",")}
+
+                warm = {k.split("] ", 1)[1]: v for k, v in load.routes.items() if k.startswith("[w] ")}
+                same = [skills(v) == skills(warm[k.split("] ", 1)[1]]) for k, v in load.routes.items() if k[1] == "a"]
                 out.append(
-                    f"  {label}: auto's measured routes equal the warm-up's (which forced replays) for {sum(same)}/{len(same)}"
+                    f"  {label}: auto's measured routes name the warm-up's skills (which forced replays) for "
+                    f"{sum(same)}/{len(same)} requests"
                 )
     out.append("ratios (same run):")
     if "empty pool" in pools:
