@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_device
 
@@ -11,6 +12,8 @@ from .modes import mode_class
 from .router import Router
 from .sapt import TokenPooler
 from .types import RouterSettings
+
+log = logging.getLogger(__name__)
 
 EMBEDDERS = ("auto", "onnx", "torch")
 
@@ -29,7 +32,12 @@ def make_embedder(kind: str = "auto", device: str | None = None, threads: int = 
     if kind == "onnx" or (kind == "auto" and on_cpu and importlib.util.find_spec("onnxruntime") is not None):
         from .embedder_onnx import OnnxEmbedder
 
-        return OnnxEmbedder(threads=threads)
+        try:
+            return OnnxEmbedder(threads=threads)
+        except Exception:  # auto: a failed export or session serves the same vectors through torch instead
+            if kind == "onnx":
+                raise
+            log.warning("the onnx embedder could not start; the router's MiniLM runs in torch", exc_info=True)
     return SentenceEmbedder(device=device)
 
 

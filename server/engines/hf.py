@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -57,7 +58,7 @@ def lower_priority(nice: int) -> None:
     """Raise the calling thread's nice value by `nice` (Linux: nice is per thread, and the torch threads this
     thread starts inherit it). Decode steps then yield the cores to routing and HTTP, which are short and what
     a request's time to first token waits on; alone on the cores they run as fast as before."""
-    if nice <= 0:
+    if nice <= 0 or not sys.platform.startswith("linux"):  # elsewhere PRIO_PROCESS would name a process, not us
         return
     try:
         tid = threading.get_native_id()
