@@ -39,6 +39,23 @@ def embed_checked(
     return np.concatenate(parts)
 
 
+def embed_in_batches(
+    texts: Sequence[str], batch_size: int, dim: int, encode: Callable[[list[str]], np.ndarray]
+) -> np.ndarray:
+    """`encode` over `texts` at most `batch_size` at a time, longest first (as sentence-transformers batches,
+    so each batch pads little), in the texts' order."""
+    if not texts:
+        return np.zeros((0, dim), dtype=np.float32)
+    if len(texts) <= batch_size:
+        return encode(list(texts))
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    out = np.empty((len(texts), dim), dtype=np.float32)
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        out[idx] = encode([texts[i] for i in idx])
+    return out
+
+
 def packaged_minilm_path() -> Path:
     spec = importlib.util.find_spec(_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -66,16 +83,7 @@ class SentenceEmbedder:
         """Unit-norm embeddings. A long list (a trainer embedding an upload) holds the lock one batch at a
         time, longest texts first as sentence-transformers batches them, so the serving router's small
         batches get the model between two of its batches instead of waiting for the whole upload."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        if len(texts) <= self.batch_size:
-            return self._encode(list(texts))
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            out[idx] = self._encode([texts[i] for i in idx])
-        return out
+        return embed_in_batches(texts, self.batch_size, self.dim, self._encode)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         with self._lock:

@@ -22,7 +22,7 @@ import numpy as np
 
 from skillpool.adapters_store.base_model import cache_dir
 
-from .embedder import packaged_minilm_path
+from .embedder import embed_in_batches, packaged_minilm_path
 
 
 def _digest(path: Path) -> str:
@@ -101,14 +101,7 @@ class OnnxEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-norm embeddings, `batch_size` texts per run, longest first (as sentence-transformers batches)."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            out[idx] = self._encode([texts[i] for i in idx])
-        return out
+        return embed_in_batches(texts, self.batch_size, self.dim, self._encode)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         with self._lock:
