@@ -56,6 +56,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nice_increment(text: str) -> int:
+    """A nice-value increment: 0 (off) to 19 (the lowest priority Linux has)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 19, not {value}")
+    return value
+
+
 def option(default: Any, help: str, *names: str, **kw: Any) -> Any:
     """A field default with its flag's `Option` as metadata."""
     return field(default=default, metadata={"option": Option(help, names, **kw)})
@@ -114,9 +125,11 @@ class ServerConfig:
         parse=positive_int,
     )
     engine_nice: int = option(
-        5,
-        "hf on a CPU: the engine thread's nice value above the server's, so its decode steps yield the cores to "
-        "routing and HTTP, which are short and what time to first token waits on (0: the same priority)",
+        0,
+        "hf on a CPU: raise the engine thread's nice value by this much, so its decode steps yield the cores to "
+        "routing and HTTP (5 cut auto's burst TTFT; off by default because the in-process trainer and every "
+        "other process on the machine then get the cores ahead of decoding too; docs/serving.md)",
+        parse=nice_increment,
     )
     max_batch_size: int = option(32, "rows decoding at once (vLLM's max_num_seqs)")
     max_batched_tokens: int = option(

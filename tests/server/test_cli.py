@@ -112,6 +112,8 @@ def test_environment_gives_the_key_defaults(monkeypatch: pytest.MonkeyPatch) -> 
         (["--router-threads", "0"], "--router-threads: must be at least 1, not 0"),
         (["--routing-batch-size", "two"], "--routing-batch-size: not a whole number: 'two'"),
         (["--embedder", "openvino"], "--embedder: invalid choice: 'openvino'"),
+        (["--engine-nice", "-5"], "--engine-nice: must be from 0 to 19, not -5"),
+        (["--engine-nice", "20"], "--engine-nice: must be from 0 to 19, not 20"),
     ],
 )
 def test_a_bad_value_is_an_argparse_error(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -137,3 +139,8 @@ def test_routing_flags_pick_the_embedder_its_threads_and_the_batch_per_call() ->
     assert (config().embedder, config().router_threads, config().routing_batch_size) == ("auto", 2, None)
     cfg = config("--embedder", "torch", "--router-threads", "3", "--routing-batch-size", "8")
     assert (cfg.embedder, cfg.router_threads, cfg.routing_batch_size) == ("torch", 3, 8)
+
+
+def test_the_engine_runs_at_the_server_s_priority_unless_asked() -> None:
+    assert config().engine_nice == 0  # a niced engine would yield to the in-process trainer as well
+    assert config("--engine-nice", "5").engine_nice == 5
