@@ -11,6 +11,7 @@ skill was trained with rsLoRA would be rescaled by sqrt(R) / R ... silently.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -74,4 +75,13 @@ def write_concat(adapter: LoRAAdapter, folder: Path, base_model_id: str) -> None
     if len(ranks) != 1 or any(f.scaling != 1.0 for f in adapter.modules.values()):
         raise ValueError("write_concat takes one rank and scaling 1 (what concat_mix builds)")
     (rank,) = ranks
-    save_peft_adapter(adapter, folder, base_model_id, alpha=float(rank), target_modules=target_names(adapter))
+    # written beside and renamed in: a folder that exists is whole (vLLM's slots reuse one by its name)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        save_peft_adapter(adapter, tmp, base_model_id, alpha=float(rank), target_modules=target_names(adapter))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

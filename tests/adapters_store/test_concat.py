@@ -101,3 +101,26 @@ def test_zero_adapter_has_zero_delta_and_bad_input_is_refused(tmp_path: Path) ->
     b = LoRAAdapter({"m": LoRAFactors(torch.ones(1, 4), torch.ones(2, 1), 1.0)})
     with pytest.raises(ValueError, match="disagree"):
         concat_mix([(a, 0.5), (b, 0.5)])
+
+
+def test_a_write_that_fills_the_disk_leaves_no_folder_and_keeps_a_whole_one(tmp_path: Path) -> None:
+    from tests.disk import fill, small_tmpfs, temp_leftovers
+
+    model = tiny_llama()
+    cat = concat_mix([(random_adapter(model, rank=4, alpha=8, seed=1), 1.0)])
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        write_concat(cat, disk / "kept", "tiny")  # a whole folder, then rewritten in place (the zero adapter is)
+        write_concat(concat_mix([(random_adapter(model, rank=2, alpha=2, seed=2), 1.0)]), disk / "kept", "tiny")
+        kept = load_peft_adapter(disk / "kept")
+        assert {f.rank for f in kept.modules.values()} == {2}
+        ballast = fill(disk)
+        with pytest.raises(OSError):
+            write_concat(cat, disk / "new", "tiny")
+        with pytest.raises(OSError):
+            write_concat(cat, disk / "kept", "tiny")
+        assert not (disk / "new").exists() and temp_leftovers(disk) == []  # nothing half-written to load later
+        again = load_peft_adapter(disk / "kept")  # the earlier folder is untouched
+        assert all(torch.equal(again.modules[p].B, f.B) for p, f in kept.modules.items())
+        ballast.unlink()
+        write_concat(cat, disk / "new", "tiny")  # with room again, the same write succeeds
+        assert {f.rank for f in load_peft_adapter(disk / "new").modules.values()} == {4}
