@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,20 +31,13 @@ from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_ada
 from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, StreamsEvents
 from .rows import Sink
 from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix
+from .vllm_args import RANKS, cpu_defaults, engine_args
 from .vllm_mix import plugin
 from .vllm_mix.slots import Resident, SkillSlots
 
 log = logging.getLogger(__name__)
 
-RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values (1 aside)
 ZERO_ID = 1  # the all-zero adapter of base rows on CPU; mix ids start after it
-
-
-def cpu_defaults() -> None:
-    """vLLM's CPU settings for a small shared machine, unless the user set them: a 1 GiB KV cache, and OpenMP
-    threads left unpinned (pinning would fight the router's MiniLM and a trainer on the same cores)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 @dataclass
@@ -90,7 +82,7 @@ class VLLMEngine(StreamsEvents):
         vllm_args: dict[str, Any] | None = None,  # more AsyncEngineArgs (tests: logprobs_mode)
         load_format: str | None = None,
     ) -> None:
-        if max_lora_rank not in RANKS:
+        if max_lora_rank not in RANKS:  # before anything is loaded
             raise ValueError(f"max_lora_rank must be one of {RANKS} (vLLM's choices), got {max_lora_rank}")
         cuda = resolve_device(device).startswith("cuda")
         if not cuda:
@@ -115,59 +107,36 @@ class VLLMEngine(StreamsEvents):
             on_evict=self._forget,
             first_id=ZERO_ID + 1,
         )
+        memory = {"gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes}
+        args = engine_args(
+            model_path,
+            cuda,
+            dtype,
+            self.max_context,
+            max_num_seqs,
+            max_batched_tokens,
+            max_loras,
+            max_cpu_loras,
+            max_lora_rank,
+            memory,
+            load_format,
+            vllm_args,
+        )
         # Exact mixes (vllm_mix): resident skills, per-token weights; else one concatenated adapter per mix.
-        self.exact = exact_mixes and plugin.exact_mode(cuda)
+        self.exact = exact_mixes and plugin.exact_mode(cuda, args)
         self.slots = SkillSlots(
             cache_dir / "vllm-skills", base_model_id, self._loader, max_loras, self._load_slot, self._unload_slot
         )
         # Base rows on CPU: the all-zero adapter (see the module's note); on CUDA or with exact mixes, no adapter.
         self._zero = None if cuda or self.exact else self._zero_request(config, cache_dir / "vllm-zero")
-        args = self._engine_args(
-            model_path, cuda, dtype, max_num_seqs, max_batched_tokens, max_loras, max_cpu_loras, max_lora_rank
-        )
-        if load_format is not None:  # "dummy": random weights, for benchmarks without a checkpoint
-            args.load_format = load_format
-        if cuda:  # vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (cpu_defaults) and ignores these
-            memory = {"gpu_memory_utilization": gpu_memory_utilization, "kv_cache_memory_bytes": kv_cache_memory_bytes}
-            vllm_args = {**{k: v for k, v in memory.items() if v is not None}, **(vllm_args or {})}
         if self.exact:  # vLLM spawns its worker: the extension's import installs the hooks there
             args.worker_extension_cls = plugin.WORKER_EXTENSION
-        for k, v in (vllm_args or {}).items():
-            setattr(args, k, v)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skillpool-engine-vllm", daemon=True)
         self._thread.start()
         self.llm: Any = asyncio.run_coroutine_threadsafe(self._launch(args), self._loop).result()
 
     # --- construction -------------------------------------------------------------------------
-    def _engine_args(
-        self,
-        model_path: str | Path,
-        cuda: bool,
-        dtype: str | None,
-        max_num_seqs: int,
-        max_batched_tokens: int,
-        max_loras: int,
-        max_cpu_loras: int | None,
-        max_lora_rank: int,
-    ) -> Any:
-        from vllm import AsyncEngineArgs
-
-        kwargs: dict[str, Any] = dict(
-            model=str(model_path),
-            dtype=dtype or ("bfloat16" if cuda else "float32"),  # as the hf engine: fp32 on CPU
-            max_model_len=self.max_context,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max(max_batched_tokens, max_num_seqs + 1),
-            enable_lora=True,
-            max_loras=max_loras,
-            max_cpu_loras=max_cpu_loras,
-            max_lora_rank=max_lora_rank,
-            enforce_eager=not cuda,  # CPU has no graphs to capture; CUDA keeps its graphs
-            disable_log_stats=True,
-        )
-        return AsyncEngineArgs(**kwargs)
-
     @staticmethod
     async def _launch(args: Any) -> Any:
         """AsyncLLM is created on the engine loop: its output handler and queues belong to that loop."""

@@ -119,3 +119,26 @@ def test_the_worker_extension_vllm_imports_registers_the_hooks(monkeypatch: pyte
     monkeypatch.delitem(sys.modules, "skillpool.server.engines.vllm_mix.worker", raising=False)
     ext = resolve_obj_by_qualname(plugin.WORKER_EXTENSION)  # what vLLM's worker does with worker_extension_cls
     assert isinstance(ext, type) and calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size 2"),
+        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size 2"),
+        ({"fully_sharded_loras": True}, "fully_sharded_loras"),
+    ],
+)
+def test_a_layout_the_hooks_do_not_cover_falls_back_with_one_log_line(  # type: ignore[no-untyped-def]
+    smollm, fields: dict[str, object], needle: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm import AsyncEngineArgs
+
+    monkeypatch.setattr(plugin, "install", lambda cuda=False: pytest.fail("the hooks were installed"))
+    monkeypatch.setenv(plugin.ENV, "0")  # register() (vLLM runs it for the args) stays off; restored after
+    assert plugin.layout_reason(AsyncEngineArgs(model=str(smollm.path))) is None  # one worker, vLLM's defaults
+    args = AsyncEngineArgs(model=str(smollm.path), **fields)
+    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+        assert plugin.exact_mode(cuda=False, args=args) is False
+    lines = [r.getMessage() for r in caplog.records if r.name == plugin.__name__]
+    assert len(lines) == 1 and needle in lines[0] and "concatenated adapters" in lines[0]

@@ -117,6 +117,16 @@ def test_a_skill_that_fails_to_load_fails_its_request_and_can_be_tried_again(tmp
     run(scenario())
 
 
+@pytest.mark.parametrize("module", ["lm_head", "model.embed_tokens"])
+def test_a_skill_adapting_a_layer_the_hooks_cannot_weight_is_refused(tmp_path: Path, module: str) -> None:
+    w = World(tmp_path, slots=2)
+    f = adapter(4).modules["model.layers.0.self_attn.q_proj"]
+    w.live["d#4"] = lambda: LoRAAdapter(modules={"model.layers.0.self_attn.q_proj": f, module: f})
+    with pytest.raises(ValueError, match=f"adapts {module}, which exact mixes on vLLM cannot weight"):
+        run(w.slots.acquire(["d#4"]))
+    assert w.loaded == [] and not (tmp_path / "d#4").exists()  # nothing written, nothing handed to vLLM
+
+
 def test_an_earlier_process_s_folder_for_the_same_key_is_never_served(tmp_path: Path) -> None:
     """Version keys restart at name#1 in every process: a folder left by the last one holds other weights."""
     stale = tmp_path / "a#1"

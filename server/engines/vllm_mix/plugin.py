@@ -235,10 +235,25 @@ def _wrap_mapping(orig: Any) -> Any:
     return _set_active_loras
 
 
-def exact_mode(cuda: bool) -> bool:
+def layout_reason(args: Any) -> str | None:
+    """Why these engine arguments cannot run exact mixes (None: they can). The hooks weight `add_lora_linear`
+    in one worker: fully sharded LoRA layers call add_shrink/add_expand instead, and more than one worker (tensor
+    or pipeline parallel) has never run."""
+    tp, pp = (int(getattr(args, f, 1) or 1) for f in ("tensor_parallel_size", "pipeline_parallel_size"))
+    if tp * pp > 1:
+        return f"tensor_parallel_size {tp}, pipeline_parallel_size {pp}: exact mixes have only run on one worker"
+    if getattr(args, "fully_sharded_loras", False):
+        return "fully_sharded_loras: its layers call add_shrink/add_expand, which the hooks do not weight"
+    return None
+
+
+def exact_mode(cuda: bool, args: Any = None) -> bool:
     """The engine's start-up check, in the API process: install the hooks (a forked engine core inherits them;
-    a spawned one runs `register()` via the entry point, hence the env) or log why mixes fall back."""
-    reason = (_cuda_opt_out() or unsupported_reason(cuda=True)) if cuda else unsupported_reason()
+    a spawned one runs `register()` via the entry point, hence the env) or log why mixes fall back. `args`: the
+    AsyncEngineArgs the engine will start with."""
+    reason = layout_reason(args) if args is not None else None
+    if reason is None:
+        reason = (_cuda_opt_out() or unsupported_reason(cuda=True)) if cuda else unsupported_reason()
     os.environ[ENV] = "0" if reason else "1"  # what register() reads in the processes vLLM spawns
     if reason is not None:
         log.warning("skillpool exact mixes are off: %s; serving mixes as concatenated adapters", reason)

@@ -26,6 +26,8 @@ from .tables import MIX_KEY
 
 log = logging.getLogger(__name__)
 
+UNWEIGHTED = frozenset({"lm_head", "embed_tokens"})  # LoRA targets vLLM runs outside add_lora_linear
+
 
 @dataclass
 class Resident:
@@ -155,8 +157,14 @@ class SkillSlots:
                 del self._residents[r.key]
 
     def _write(self, r: Resident) -> None:
-        if not r.folder.exists():
-            write_concat(concat_mix([(self._loader(r.key)(), 1.0)]), r.folder, self.base_model_id)
+        if r.folder.exists():
+            return
+        adapter = self._loader(r.key)()
+        # the hooks weight vLLM's LoRA linears per token; its embedding and logits layers take one adapter a row
+        unweighted = sorted(p for p in adapter.modules if p.rsplit(".", 1)[-1] in UNWEIGHTED)
+        if unweighted:
+            raise ValueError(f"skill {r.key} adapts {unweighted[0]}, which exact mixes on vLLM cannot weight")
+        write_concat(concat_mix([(adapter, 1.0)]), r.folder, self.base_model_id)
 
     def _evict(self, r: Resident) -> None:
         del self._residents[r.key]
