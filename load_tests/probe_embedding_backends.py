@@ -3,13 +3,8 @@ onnxruntime fp32 and onnxruntime dynamic int8, on the same routed texts in one r
 routing-speed work; the results go to docs, not to defaults).
 
 sentence-transformers' own ONNX/OpenVINO backends need `optimum-onnx`, which pins transformers < 4.58 while
-sentence-transformers 6 needs transformers 5, so this exports the model with `torch.onnx.export` instead.
-onnxruntime is never installed into skillpool's venv: make a throwaway venv that sees it, e.g.
-
-    python3 -m venv /tmp/ov && /tmp/ov/bin/pip install onnxruntime onnx onnxscript
-    echo "import site; site.addsitedir('$PWD/.venv/lib/python3.11/site-packages')" \
-        > /tmp/ov/lib/python3.11/site-packages/zz-skillpool.pth
-    /tmp/ov/bin/python load_tests/probe_embedding_backends.py --out /tmp/probe
+sentence-transformers 6 needs transformers 5, so the fp32 graph is the router's own `torch.onnx.export`
+(router/embedder_onnx.py). Run: `.venv/bin/python load_tests/probe_embedding_backends.py --out /tmp/probe`.
 
 It prints per-request milliseconds at batch 1 and 16 with 1 and 2 threads, each backend's ratio to torch, and
 the lowest cosine similarity of each backend's embeddings to torch's (1.0: the same routes).
@@ -47,34 +42,16 @@ def routed_texts(per_task: int) -> list[str]:
     return texts
 
 
-def export(st: Any, texts: list[str], out: Path) -> tuple[Path, Path]:
+def export(out: Path) -> tuple[Path, Path]:
+    """The router's own fp32 graph (router/embedder_onnx.py, cached), and its dynamic int8 quantization."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    fp32, int8 = out / "minilm.onnx", out / "minilm.int8.onnx"
-    if not fp32.exists():
-        hf = st[0].auto_model.eval()
-        enc = st.tokenizer(texts[:2], padding=True, truncation=True, max_length=st.max_seq_length, return_tensors="pt")
+    from skillpool.router.embedder import packaged_minilm_path
+    from skillpool.router.embedder_onnx import export_onnx
 
-        class Hidden(torch.nn.Module):
-            def __init__(self, m: Any) -> None:
-                super().__init__()
-                self.m = m
-
-            def forward(self, ids: torch.Tensor, mask: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
-                return self.m(input_ids=ids, attention_mask=mask, token_type_ids=tt).last_hidden_state
-
-        axes = {"b": 0, "s": 1}
-        dyn = {k: {v: n for n, v in axes.items()} for k in ("ids", "mask", "tt", "h")}
-        torch.onnx.export(
-            Hidden(hf),
-            (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]),
-            str(fp32),
-            input_names=["ids", "mask", "tt"],
-            output_names=["h"],
-            dynamic_axes=dyn,
-            opset_version=17,
-            dynamo=False,
-        )
+    path = Path(packaged_minilm_path())
+    max_len = int(json.loads((path / "sentence_bert_config.json").read_text()).get("max_seq_length", 256))
+    fp32, int8 = export_onnx(path, max_len), out / "minilm.int8.onnx"
     if not int8.exists():
         quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
     return fp32, int8
@@ -82,7 +59,7 @@ def export(st: Any, texts: list[str], out: Path) -> tuple[Path, Path]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="folder for the exported models")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the int8 model")
     ap.add_argument("--per-task", type=int, default=20, help="test rows per Long Sequence task")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +70,7 @@ def main() -> None:
     texts = routed_texts(a.per_task)
     emb = SentenceEmbedder(device="cpu")
     st = emb.model
-    fp32, int8 = export(st, texts, a.out)
+    fp32, int8 = export(a.out)
     ref = emb.embed(texts)
 
     def session(path: Path, threads: int) -> Any:

@@ -5,7 +5,8 @@ and queues them shortest first, `chunk` per embedding call, for `workers` thread
 each call's decisions on as it ends (on a CPU a chunk of 1, since batching saves nothing there and a request
 would wait for the whole batch; two workers, so a burst of arrivals is routed on both cores while the engine
 waits for it). The event loop awaits each request's decision and only then submits the request to the engine
-with its mix attached. Decode steps never wait for MiniLM, and routing never waits for decoding. Forced and base requests need no router and are decided at once.
+with its mix attached. Decode steps never wait for MiniLM, and routing never waits for decoding. Forced and base
+requests need no router and are decided at once.
 """
 
 from __future__ import annotations
