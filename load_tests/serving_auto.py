@@ -10,7 +10,8 @@ discarded warm-up of `auto` over the same prompts (which also gives the routes t
 run tags its prompts ("[a1] ...") so that no run reuses another's prompt KV from the prefix cache (on, the
 server's default), while a run's prompts share their instructions' KV as users' prompts do. The
 router's share of the server's CPU time comes from skillpool_router_cpu_seconds_total over /proc's count for
-the whole server process, over the `auto` rounds.
+the whole server process, over the `auto` rounds, and their requests' mean routing wait (arrival at the routing
+stage to route) from skillpool_routing_wait_seconds.
 """
 
 from __future__ import annotations
@@ -34,11 +35,24 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def router_cpu_s(url: str) -> float:
+ROUTER_METRICS = (
+    "skillpool_router_cpu_seconds_total",
+    "skillpool_routing_wait_seconds_sum",
+    "skillpool_routing_wait_seconds_count",
+)
+
+
+def router_metrics(url: str) -> dict[str, float]:
+    """The routing stage's CPU seconds and its requests' summed wait and count, from the server's /metrics."""
+    found = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("skillpool_router_cpu_seconds_total "):
-            return float(line.split()[1])
-    raise RuntimeError("the server exports no skillpool_router_cpu_seconds_total")
+        name, _, value = line.partition(" ")
+        if name in ROUTER_METRICS:
+            found[name] = float(value)
+    missing = [m for m in ROUTER_METRICS if m not in found]
+    if missing:
+        raise RuntimeError(f"the server exports no {missing[0]}")
+    return found
 
 
 def interleaved(
@@ -56,8 +70,9 @@ def interleaved(
     Every side sends the same prompts, each run under a tag of its own ("[a1] ...") so that no run finds
     another run's prompt KV in the prefix cache, while prompts within a run share their instructions' KV as
     users' prompts do. `sides` maps a side's name to the model for an (untagged) prompt. Also returns the
-    router's share of the server's CPU time during the `auto` rounds. `vary` > 0: each prompt's answer length
-    is drawn once (the same on every side) from load.max_tokens × [1 - vary, 1 + vary]."""
+    router's share of the server's CPU time during the `auto` rounds and their requests' mean routing wait
+    (arrival to route, seconds). `vary` > 0: each prompt's answer length is drawn once (the same on every side)
+    from load.max_tokens × [1 - vary, 1 + vary]."""
     rng = random.Random(1)
     lengths = [max(1, round(load.max_tokens * (1 + vary * (2 * rng.random() - 1)))) for _ in prompts]
 
@@ -71,19 +86,23 @@ def interleaved(
     first = next(iter(sides))
     load.closed(clients, per_client, pick(sides[first], "w"))  # warm-up, not recorded
     parts: dict[str, list[Result]] = {name: [] for name in sides}
-    cpu = router = 0.0
+    cpu = 0.0
+    routing = dict.fromkeys(ROUTER_METRICS, 0.0)
     for r in range(rounds):
         for i, name in enumerate(sides):
             if r % 2:
                 name = list(sides)[len(sides) - 1 - i]
-            c0, r0 = process_cpu_s(pid), router_cpu_s(url)
+            c0, r0 = process_cpu_s(pid), router_metrics(url)
             tag = f"{'ab'[list(sides).index(name)]}{r + 1}"
             parts[name].append(load.closed(clients, per_client, pick(sides[name], tag)))
             if name.startswith("auto"):
                 cpu += process_cpu_s(pid) - c0
-                router += router_cpu_s(url) - r0
+                for k, v in router_metrics(url).items():
+                    routing[k] += v - r0[k]
     pooled = {n: ([x for res, _ in p for x in res], sum(w for _, w in p)) for n, p in parts.items()}
-    return pooled, router / cpu if cpu else 0.0
+    cpu_share = routing[ROUTER_METRICS[0]] / cpu if cpu else 0.0
+    n = routing[ROUTER_METRICS[2]]
+    return pooled, cpu_share, routing[ROUTER_METRICS[1]] / n if n else 0.0
 
 
 def auto_scenarios(
@@ -105,9 +124,9 @@ def auto_scenarios(
     out: list[str] = []
     stats: dict[str, dict[str, float]] = {}
 
-    def record(name: str, res: Result, share: float | None = None) -> dict[str, float]:
+    def record(name: str, res: Result, share: float | None = None, wait: float = 0.0) -> dict[str, float]:
         s = stats[name] = summarize(*res, *slo)
-        tail = f", router {share:.1%} of server CPU" if share is not None else ""
+        tail = f", router {share:.1%} of server CPU, routing wait mean {wait * 1000:.0f}ms" if share is not None else ""
         out.append(
             f"  {name:46s} {s['n']:3.0f} {s['tok_s']:7.1f} tok/s, ttft p50 {s['ttft_p50']:.2f}s "
             f"p99 {s['ttft_p99']:.2f}s, itl p50 {s['itl_p50'] * 1000:.0f}ms{tail}"
@@ -128,10 +147,10 @@ def auto_scenarios(
             )
             sides: dict[str, Callable[[str], str]] = {f"auto, {label}": lambda t: "auto", other[0]: other[1]}
             for n in counts or (1, clients):
-                res, share = interleaved(load, n, per_client, prompts, sides, rounds, srv.proc.pid, srv.url, vary)
+                res, share, wait = interleaved(load, n, per_client, prompts, sides, rounds, srv.proc.pid, srv.url, vary)
                 auto, forced = list(sides)
                 plural = "s" * (n > 1)
-                stats[f"{label} auto {n}"] = record(f"{auto}, {n} client{plural}", res[auto], share)
+                stats[f"{label} auto {n}"] = record(f"{auto}, {n} client{plural}", res[auto], share, wait)
                 stats[f"{label} other {n}"] = record(f"{forced}, {n} client{plural}", res[forced])
             if label != "empty pool":  # the forced side replays the warm-up's routes: how often auto chose them
 

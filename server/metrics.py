@@ -43,6 +43,12 @@ class Metrics:
         self.router_seconds = Histogram(
             "skillpool_router_latency_seconds", "Router latency per batch", buckets=_LATENCY, registry=r
         )
+        self.routing_wait = Histogram(
+            "skillpool_routing_wait_seconds",
+            "Per auto-routed request: arrival at the routing stage to its route (window, queue and embedding)",
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.router_cpu = Counter(
             "skillpool_router_cpu_seconds",
             "CPU time the routing stage's thread spent routing (embedding included when it runs on that thread)",

@@ -89,8 +89,10 @@ class RoutingStage:
                 self._waiting += 1
             loop = asyncio.get_running_loop()
             item = _Item(text, loop.create_future(), loop)
+            t0 = time.perf_counter()
             self._q.put(item)
             d = _cap(await item.future, self.max_skills)
+            self.metrics.routing_wait.observe(time.perf_counter() - t0)  # what this request's TTFT paid for its route
         self._count(d, auto=target == "auto")
         return d
 

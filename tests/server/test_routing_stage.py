@@ -40,19 +40,23 @@ def test_concurrent_requests_share_one_embedding_call(embedder) -> None:  # type
         stage.close()
     assert router.calls == [6]
     assert [d.reason for d in decisions] == ["no_skills"] * 6
+    wait = metrics.registry.get_sample_value
+    assert wait("skillpool_routing_wait_seconds_count") == 6  # one per request, not per call
+    assert (wait("skillpool_routing_wait_seconds_sum") or 0) >= 6 * 0.2 * 0.9  # each waited out the window
 
 
 def test_forced_and_base_need_no_router(embedder) -> None:  # type: ignore[no-untyped-def]
     router = CountingRouter(embedder)
     router.calls = []
-    stage = RoutingStage(router, Metrics(), window_s=0.01, max_batch=8)
+    metrics = Metrics()
+    stage = RoutingStage(router, metrics, window_s=0.01, max_batch=8)
     try:
         forced = asyncio.run(stage.decide("x", "agnews"))
         base = asyncio.run(stage.decide("x", "base"))
         mix = asyncio.run(stage.decide("x", Mix.of({"a": 0.75, "b": 0.25})))
     finally:
         stage.close()
-    assert router.calls == []
+    assert router.calls == [] and metrics.registry.get_sample_value("skillpool_routing_wait_seconds_count") == 0
     assert (forced.route, forced.reason) == ([("agnews", 1.0)], "forced")
     assert (base.route, base.reason) == ([], "base")
     assert (mix.route, mix.reason) == ([("a", 0.75), ("b", 0.25)], "forced")
