@@ -127,8 +127,8 @@ class ServerConfig:
     engine_nice: int = option(
         0,
         "hf on a CPU: raise the engine thread's nice value by this much, so its decode steps yield the cores to "
-        "routing and HTTP (5 cut auto's burst TTFT; off by default because the in-process trainer and every "
-        "other process on the machine then get the cores ahead of decoding too; docs/serving.md)",
+        "routing and HTTP (off by default: every other process on the machine then comes first too, and +5 made "
+        "no difference to auto's TTFT in the latest runs, docs/serving.md)",
         parse=nice_increment,
     )
     max_batch_size: int = option(32, "rows decoding at once (vLLM's max_num_seqs)")
