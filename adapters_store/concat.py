@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .diskio import temp_path
 from .lora import LoRAAdapter, LoRAFactors, save_peft_adapter
 
 
@@ -76,8 +77,7 @@ def write_concat(adapter: LoRAAdapter, folder: Path, base_model_id: str) -> None
         raise ValueError("write_concat takes one rank and scaling 1 (what concat_mix builds)")
     (rank,) = ranks
     # written beside and renamed in: a folder that exists is whole (vLLM's slots reuse one by its name)
-    tmp = folder.with_name(f".{folder.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temp_path(folder)
     try:
         save_peft_adapter(adapter, tmp, base_model_id, alpha=float(rank), target_modules=target_names(adapter))
         shutil.rmtree(folder, ignore_errors=True)
