@@ -1,7 +1,8 @@
 """`skillpool` console script: the argparse tree, each command's module imported only when that command runs.
 
 serve -> skillpool.server.cli, worker -> skillpool.trainer.worker, upload -> skillpool.evaluation.upload,
-eval routing|continual|answers -> skillpool.evaluation.routing|continual|answers. So `skillpool worker` never loads the server.
+eval routing|continual|answers|answers-compare -> skillpool.evaluation.routing|continual|answers|answers_compare.
+So `skillpool worker` never loads the server.
 Each module defines `add_arguments(parser)` and `run(args)`.
 """
 
@@ -50,6 +51,10 @@ EVAL = {
         "skillpool.evaluation.answers",
         "answer quality under paraphrased instructions: forced and routed, four wordings, paired gaps",
         offline=True,
+    ),
+    "answers-compare": Command(
+        "skillpool.evaluation.answers_compare",
+        "two eval answers runs (before and after a change) cell by cell, with paired intervals",
     ),
 }
 
