@@ -13,7 +13,7 @@ a host lacks into chunks, one transfer each:
   with `--base-weights`, SmolLM2's package (its GGUF: the train and hf parts need real weights; serve and route
   use a config-only folder and need only SmolLM2's config and tokenizer, which `base-config/` carries).
 
-    .venv/bin/python load_tests/device_carry.py pack [--base-weights] [--minilm fp32|fp16] [--chunk-mib 60]
+    .venv/bin/python load_tests/device_carry.py pack [--base-weights] [--minilm fp32|fp16] [--chunk-mib 58]
 
 writes `.devcarry/sp-1 … sp-N` (git-ignored), the last one with device_unpack.py and the checksum, and prints
 the calls. There: call k < N `mkdir -p /tmp/spc && cp .devcarry/sp-k/part.* /tmp/spc/`; call N the same copy,
@@ -183,7 +183,9 @@ def main() -> int:
     p.add_argument("--base-weights", action="store_true", help="also SmolLM2's GGUF (93 MB; train and hf parts)")
     p.add_argument("--minilm", choices=("fp32", "fp16"), default="fp32", help="fp16 halves it (loaded as fp16)")
     p.add_argument("--no-vllm", dest="vllm", action="store_false", help="leave vLLM out (a host that has it)")
-    p.add_argument("--chunk-mib", type=float, default=60.0, help="per transfer, leaving room for the tree (64 MiB)")
+    p.add_argument(
+        "--chunk-mib", type=float, default=58.0, help="per transfer, leaving room for the tree (64 MiB in all)"
+    )
     p.add_argument("--out", type=Path, default=ROOT / ".devcarry")
     args = ap.parse_args()
     ignore_devcarry()
