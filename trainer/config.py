@@ -43,6 +43,9 @@ class TrainConfig:
     # the input, a rewording keeping the label set: trainer/prompt_variants.py) instead of as uploaded; same rows
     # and steps. Off until measured (docs/answers.md#training-on-variants-opt-in)
     prompt_variants: float = 0.0
+    # True: each such variant is one more row beside its uploaded row instead of replacing it (the uploaded
+    # wording keeps all its training; the steps grow by the share)
+    prompt_variants_added: bool = False
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
     quality_z: float = 1.645  # ... and the gain's lower bound (mean - z * standard error) must be > 0 (0 disables)
@@ -85,7 +88,7 @@ class TrainConfig:
             if want is list:
                 if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
                     raise ConfigError(f"config.{key}", "must be a non-empty list of module names")
-            elif not isinstance(value, want) or isinstance(value, bool):
+            elif not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
                 raise ConfigError(f"config.{key}", f"must be a {want.__name__}, got {value!r}")
             elif want is float and not math.isfinite(value):  # json.loads accepts NaN and Infinity
                 raise ConfigError(f"config.{key}", f"must be a finite number, got {value!r}")

@@ -1,8 +1,9 @@
 """Training rows in the wordings a user would plausibly send (issue 46, opt-in: TrainConfig.prompt_variants).
 
 A skill trained on one instruction template copies wording from a paraphrased prompt instead of answering
-with its label. `with_variants` shows a seeded share of the training rows in another wording instead of as
-uploaded, so the block learns the task rather than the template:
+with its label. `with_variants` shows a seeded share of the training rows in another wording, instead of as
+uploaded or (`added`) as an extra row beside the uploaded one, so the block learns the task rather than the
+template:
 
   input_only   the input alone, as one user turn
   system       the instruction as a system message, the input as the user turn
@@ -129,11 +130,13 @@ def variant(ex: Example, kind: Kind, labels: Sequence[str], rng: random.Random) 
     return out  # type: ignore[return-value]  # the same keys as `ex`, only the prompt replaced
 
 
-def with_variants(train: list[Example], fraction: float, seed: int) -> list[Example]:
+def with_variants(train: list[Example], fraction: float, seed: int, added: bool = False) -> list[Example]:
     """`train` with round(fraction × the rows that separate instruction and input) of them in another wording.
 
-    Same rows, same order, same answers: the number of steps, and so the training time, is unchanged.
-    fraction 0 returns `train` itself. Deterministic given `seed`."""
+    Replacing (the default): same rows, same order, same answers, so the number of steps is unchanged. `added`:
+    every uploaded row stays and each chosen row's variant follows it as one more row (the loop shuffles), so
+    the uploaded wording loses no training and the steps grow by that share. fraction 0 returns `train` itself.
+    Deterministic given `seed`."""
     if not 0 <= fraction <= 1:
         raise ValueError(f"prompt_variants must be in [0, 1], got {fraction!r}")
     if fraction == 0 or not train:
@@ -144,8 +147,9 @@ def with_variants(train: list[Example], fraction: float, seed: int) -> list[Exam
     chosen = set(rng.sample(eligible, round(fraction * len(eligible))))
     out: list[Example] = []
     for i, ex in enumerate(train):
-        if i not in chosen:
+        if added or i not in chosen:
             out.append(ex)
+        if i not in chosen:
             continue
         uploaded = ex["messages"]
         picked = variant(ex, rng.choice(KINDS), labels, rng)

@@ -135,7 +135,8 @@ class SkillTrainer:
         with self.store.scratch("block-") as folder:  # on the data dir's disk, swept at start if we are killed
             job = BlockJob(
                 name,
-                with_variants(train, cfg.prompt_variants, cfg.seed),  # the block alone sees the other wordings
+                # the block alone sees the other wordings
+                with_variants(train, cfg.prompt_variants, cfg.seed, cfg.prompt_variants_added),
                 held,
                 cfg,
                 model,

@@ -104,6 +104,21 @@ def test_with_variants_is_deterministic_and_shares_the_rows() -> None:
     assert with_variants(train, 0.0, seed=0) is train
 
 
+def test_added_variants_keep_every_uploaded_row_and_follow_it() -> None:
+    train = rows()
+    replaced = with_variants(train, 0.5, seed=7)
+    added = with_variants(train, 0.5, seed=7, added=True)
+    assert [x for x in added if x in train] == train  # every uploaded row, in its order
+    extra = [x for x in added if x not in train]
+    # the same rows are chosen and worded as in the replacing mode (a rewording may leave one as uploaded)
+    assert extra == [x for x, y in zip(replaced, train) if x["messages"] != y["messages"]]
+    assert len(added) == len(train) + 12  # round(0.5 × 24) more rows
+    for i, x in enumerate(added):
+        if x not in train:  # a variant comes right after its own uploaded row, with its answer
+            assert added[i - 1]["route_input"] == x["route_input"] and added[i - 1]["answer"] == x["answer"]
+    assert with_variants(train, 0.0, seed=0, added=True) is train
+
+
 def test_zero_fraction_keeps_todays_token_sequences(tiny_base) -> None:  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
@@ -126,6 +141,10 @@ def test_the_fraction_is_a_checked_hyperparameter() -> None:
         TrainConfig.from_dict({"prompt_variants": "half"})
     with pytest.raises(ValueError, match="prompt_variants"):
         with_variants(rows(), 2.0, seed=0)
+    assert TrainConfig.from_dict({"prompt_variants_added": True}).prompt_variants_added is True
+    for bad_flag in (1, "yes"):
+        with pytest.raises(ConfigError, match="config.prompt_variants_added: must be a bool"):
+            TrainConfig.from_dict({"prompt_variants_added": bad_flag})
 
 
 def test_a_job_trains_the_block_on_variants_and_keeps_the_keys(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -136,13 +155,22 @@ def test_a_job_trains_the_block_on_variants_and_keeps_the_keys(tiny_base, embedd
     from skillpool.trainer.skill_trainer import SkillTrainer
 
     train = rows(n=16)
-    recs = {}
-    for share in (0.0, 1.0, -1.0):  # -1: 0.0 again, to show a job repeats and a difference is the variants'
+    recs, totals = {}, {}
+    # -1: 0.0 again, to show a job repeats and a difference is the variants'; 2: 1.0 with the variants added
+    for share in (0.0, 1.0, -1.0, 2.0):
         trainer = SkillTrainer(SkillStore(tmp_path / str(share)), Router(embedder), tiny_base)
         cfg = TrainConfig(
-            epochs=1.0, batch_size=8, max_seq_len=96, max_eval_examples=2, prompt_variants=max(share, 0.0)
+            epochs=1.0,
+            batch_size=8,
+            max_seq_len=96,
+            max_eval_examples=2,
+            prompt_variants=min(max(share, 0.0), 1.0),
+            prompt_variants_added=share == 2.0,
         )
-        recs[share] = trainer.run("s", train, cfg, force=True)
+        seen: list[int] = []
+        recs[share] = trainer.run("s", train, cfg, force=True, on_progress=lambda p, seen=seen: seen.append(p.total))
+        totals[share] = max(seen)
+    assert totals[0.0] == totals[1.0] < totals[2.0]  # replacing keeps the steps; adding grows them
     plain, varied = recs[0.0], recs[1.0]
     assert varied.meta["training"]["config"]["prompt_variants"] == 1.0
     keys, keys_varied = plain.router_tensors(), varied.router_tensors()
