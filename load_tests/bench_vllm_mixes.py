@@ -72,12 +72,12 @@ class Timing:
 
 def model_dir(shape: str, dtype: str, folder: Path, tokenizer: Path | None) -> Path:
     """A config-only LLaMA folder (vLLM's dummy loader fills random weights) with SmolLM2's tokenizer files."""
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.base_model import WEIGHT_SUFFIXES, resolve_base_model
 
     folder.mkdir(parents=True, exist_ok=True)
     src = tokenizer or Path(resolve_base_model().path)
     for f in src.iterdir():  # tokenizer and chat template only: no weights, no config
-        if f.is_file() and f.name != "config.json" and f.suffix not in (".safetensors", ".bin", ".gguf"):
+        if f.is_file() and f.name != "config.json" and f.suffix not in WEIGHT_SUFFIXES:
             shutil.copy(f, folder / f.name)
     cfg = dict(
         architectures=["LlamaForCausalLM"],
