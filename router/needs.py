@@ -95,11 +95,29 @@ def _label_grams(label: str) -> np.ndarray:
     return gram_ids(label)
 
 
+def _stem(word: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", word.lower())[:3]
+
+
+def _stem_id(stem: str) -> int:
+    # salted so a stem id never equals a word gram or a field id
+    return int(np.frombuffer(hashlib.blake2b(f"\x00stem {stem}".encode(), digest_size=8).digest(), dtype="<i8")[0])
+
+
+def stem_ids(words: Sequence[str]) -> np.ndarray:
+    """Sorted unique ids of the words' first three letters or digits: "POS", "Positive" and "positive" share one.
+    Two label sets with the same stems are one output space spelled two ways (issue 46: POS/NEG against
+    positive/negative); a user who writes the other spelling asks the same task."""
+    stems = {_stem(w) for w in words} - {""}
+    return np.unique(np.array([_stem_id(t) for t in stems], dtype=np.int64))
+
+
 @dataclass(frozen=True)
 class LabelModel:
     grams: np.ndarray  # (m,) int64: every label's gram ids, concatenated
     offsets: np.ndarray  # (L + 1,) int64: label i owns grams[offsets[i]:offsets[i + 1]]
     max_partial: float  # the most of the labels a request may name without naming all
+    stems: np.ndarray | None = None  # (L,) int64: each label's stem id (None: stored before stems)
 
     def coverage(self, request: np.ndarray) -> float:
         """Share of the labels whose every gram the request (sorted gram ids) contains."""
@@ -111,10 +129,23 @@ class LabelModel:
         named = np.add.reduceat(present.astype(np.int64), self.offsets[:-1]) == lengths
         return float(named.mean())
 
+    def respelled_in(self, ids: np.ndarray) -> bool:
+        """Do `ids` (sorted; stem ids among them) hold every label's stem: the labels in another spelling?"""
+        if self.stem_key() is None or not len(ids):
+            return False
+        assert self.stems is not None  # stem_key() is None without them
+        return bool(np.isin(self.stems, ids).all())
+
+    def stem_key(self) -> bytes | None:
+        """The label set up to spelling: equal for POS, NEG and positive, negative."""
+        if self.stems is None or len(np.unique(self.stems)) != len(self.stems):  # they must tell the labels apart
+            return None
+        return np.sort(self.stems).tobytes()
+
     def accepts(self, request: np.ndarray, options: np.ndarray | None = None) -> bool:
-        """options: gram ids of the option list the request spells out ("Options: a, b, c"), if any; a list
-        that does not name all of the skill's labels asks for another output space."""
-        if options is not None and len(options) and self.coverage(options) < 1.0:
+        """options: gram (and stem) ids of the option list the request spells out ("Options: a, b, c"), if any;
+        a list that names neither all of the skill's labels nor all of their stems asks for another output space."""
+        if options is not None and len(options) and self.coverage(options) < 1.0 and not self.respelled_in(options):
             return False
         c = self.coverage(request)
         return c >= 1.0 or c <= self.max_partial + 1e-6
@@ -124,21 +155,26 @@ class LabelModel:
         return frozenset(self.grams[a:b].tobytes() for a, b in itertools.pairwise(self.offsets))
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {
+        out = {
             "label_grams": torch.from_numpy(self.grams.astype(np.int64)),
             "label_offsets": torch.from_numpy(self.offsets.astype(np.int64)),
             "label_max_partial": torch.tensor([self.max_partial], dtype=torch.float32),
         }
+        if self.stems is not None:
+            out["label_stems"] = torch.from_numpy(self.stems.astype(np.int64))
+        return out
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> LabelModel | None:
         """None for a skill stored without a label model (no label check)."""
         if "label_grams" not in tensors:
             return None
+        stems = tensors.get("label_stems")
         return cls(
             tensors["label_grams"].numpy().astype(np.int64),
             tensors["label_offsets"].numpy().astype(np.int64),
             float(tensors["label_max_partial"][0]),
+            None if stems is None else stems.numpy().astype(np.int64),
         )
 
 
@@ -150,9 +186,11 @@ _OPTIONS = re.compile(
 
 
 def option_ids(text: str) -> np.ndarray:
-    """Gram ids of the option lists a request spells out (empty: none)."""
-    found = _OPTIONS.findall(text)
-    return gram_ids(" ; ".join(found)) if found else np.zeros(0, dtype=np.int64)
+    """Gram ids and word stem ids of the option lists a request spells out (empty: none)."""
+    found = " ; ".join(_OPTIONS.findall(text))
+    if not found:
+        return np.zeros(0, dtype=np.int64)
+    return np.union1d(gram_ids(found), stem_ids(re.findall(r"\w+", found)))
 
 
 def label_set(answers: Sequence[str], s: LabelSettings) -> list[str]:
@@ -176,7 +214,8 @@ def fit_labels(answers: Sequence[str], inputs: Sequence[str], s: LabelSettings) 
     model = LabelModel(np.concatenate(parts), offsets, 0.0)
     chance = [model.coverage(gram_ids(t)) for t in inputs] or [0.0]
     partial = [c for c in chance if c < 1.0] or [0.0]
-    return LabelModel(model.grams, offsets, float(np.percentile(partial, s.percentile)))
+    stems = np.array([_stem_id(_stem(lab)) for lab in labels], dtype=np.int64)
+    return LabelModel(model.grams, offsets, float(np.percentile(partial, s.percentile)), stems)
 
 
 class LabelIndex:
@@ -197,10 +236,10 @@ class LabelIndex:
         self._owner = (
             np.concatenate([np.full(len(m.offsets) - 1, i) for i, (_, m) in enumerate(kept)]) if kept else lengths
         )
-        self._keys = [m.label_keys() for _, m in kept]
+        self._keys = [(m.label_keys(), m.stem_key()) for _, m in kept]
 
-    def named_in_full(self, request: np.ndarray) -> list[frozenset[bytes]]:
-        """The label sets (label_keys) of the indexed skills whose every label the request names."""
+    def named_in_full(self, request: np.ndarray) -> list[tuple[frozenset[bytes], bytes | None]]:
+        """The label sets (label_keys, stem_key) of the indexed skills whose every label the request names."""
         if not len(self._names) or not len(request):
             return []
         present = request[np.minimum(np.searchsorted(request, self._grams), len(request) - 1)] == self._grams
@@ -218,14 +257,18 @@ def labels_accept_each(
     """Does one request pass each skill's label check (None: no label model, passes)? With an index, a
     request that names some skill's whole label set must also name the checked skill's whole set, and a
     skill whose set is a strict subset of a named one (rte's two of mnli's three) is not asked for; with
-    `options` (option_ids of the request), a spelled-out option list must name all of the skill's labels."""
+    `options` (option_ids of the request), a spelled-out option list must name all of the skill's labels.
+    A named set that is the skill's own in another spelling (same stems: positive, negative for POS, NEG) asks
+    for the same output space, so it turns nobody away."""
     named = index.named_in_full(request) if index is not None else []
 
     def ok(m: LabelModel) -> bool:
-        if not m.accepts(request, options) or (named and m.coverage(request) < 1.0):
+        stem = m.stem_key()
+        others = [keys for keys, other_stem in named if stem is None or other_stem != stem]
+        if not m.accepts(request, options) or (others and m.coverage(request) < 1.0):
             return False
         own = m.label_keys()  # a set the request names in full that strictly contains this skill's: a wider task
-        return not any(own < other for other in named)
+        return not any(own < other for other in others)
 
     return np.array(
         [m is None or ok(m) for m in models],

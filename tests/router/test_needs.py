@@ -93,6 +93,67 @@ def test_a_spelled_out_option_list_must_name_all_of_the_skills_labels() -> None:
     assert not len(option_ids(agnews[0]["route_input"]))  # input only: no option list
 
 
+def _sentiment_models() -> dict[str, LabelModel]:
+    """SuperNI's two sentiment tasks: one output space spelled POS, NEG (task363) and positive, negative (task1687)."""
+    models = {}
+    for task in ("task363_sst2_polarity_classification", "task1687_sentiment140_classification"):
+        ex = read_task("superni", task, "train", 200)
+        m = fit_labels([e["answer"] for e in ex], [e["route_input"] for e in ex], LabelSettings())
+        assert m is not None
+        models[task] = m
+    return models
+
+
+def test_a_label_set_in_another_spelling_asks_for_the_same_output_space() -> None:
+    models = _sentiment_models()
+    sst2, tweets = models.values()
+    assert sst2.label_keys() != tweets.label_keys() and sst2.stem_key() == tweets.stem_key()
+    index = LabelIndex(models)  # neither set is named by chance in its inputs: both indexed
+    review = "Would you call this line from a film review positive or negative?\nA gorgeous, witty film."
+    tweet = "Tweet sentiment please, POS or NEG.\n@sam can't wait for the weekend!"
+    for text in (review, tweet):  # each names the other skill's whole set: neither is turned away now
+        assert list(labels_accept_each(request_grams(text), [sst2, tweets], index, option_ids(text))) == [True, True]
+    # an option list in the other spelling passes; one of another output space does not
+    assert sst2.accepts(request_grams(review), option_ids("Options: positive, negative.\n" + review))
+    assert not sst2.accepts(request_grams(review), option_ids("Options: Good, Bad.\n" + review))
+    restored = LabelModel.from_tensors(sst2.tensors())
+    assert restored is not None and restored.stem_key() == sst2.stem_key()
+    # a skill stored before stems keeps the old rule: another spelling of its labels turns it away
+    old = {k: v for k, v in sst2.tensors().items() if k != "label_stems"}
+    before = LabelModel.from_tensors(old)
+    assert before is not None and before.stem_key() is None
+    assert list(labels_accept_each(request_grams(review), [before, tweets], index)) == [False, True]
+
+
+def test_stems_that_cannot_tell_labels_apart_are_not_a_spelling() -> None:
+    ex = read_task("long_sequence", "amazon", "train", 300)  # very negative, very positive: both "ver"
+    m = fit_labels([e["answer"] for e in ex], [e["route_input"] for e in ex], LabelSettings())
+    assert m is not None and m.stem_key() is None
+    text = "Options: very bad, bad, neutral, good, very good.\nGreat blender."
+    assert not m.accepts(request_grams(text), option_ids(text))
+
+
+def test_two_spellings_of_one_label_set_route_by_their_inputs(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Movie reviews and tweets with the other skill's label spelling in the instruction go to their own skill."""
+    router = Router(embedder, RouterSettings())
+    tasks = ("task363_sst2_polarity_classification", "task1687_sentiment140_classification")
+    for task in tasks:
+        ex = read_task("superni", task, "train", 200)
+        keys = router.prepare_keys(
+            [e["route_text"] for e in ex], [e["route_input"] for e in ex], [e["answer"] for e in ex]
+        )
+        assert "label_stems" in keys
+        router.add_skill(task, keys)
+    asks = {
+        tasks[0]: "Would you call this line from a film review positive or negative?\n{}",
+        tasks[1]: "Tweet sentiment please, POS or NEG.\n{}",
+    }
+    for task, ask in asks.items():
+        ds = router.route([ask.format(e["route_input"]) for e in read_task("superni", task, "test", 30)])
+        top1 = [d.route[0][0] if d.route else "base" for d in ds]
+        assert top1.count(task) >= 24, (task, top1)  # 0 of 30 when the other spelling turned the skill away
+
+
 def test_field_ids_are_line_initial_names_apart_from_word_grams() -> None:
     ids = field_ids("Title: a day\nText: so: it went\n\nAnswer:")
     assert len(ids) == 3 and np.array_equal(ids, field_ids("title: x\n  TEXT : y\nanswer: z"))
