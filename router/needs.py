@@ -22,6 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -131,13 +132,15 @@ class LabelModel:
 
     def respelled_in(self, ids: np.ndarray) -> bool:
         """Do `ids` (sorted; stem ids among them) hold every label's stem: the labels in another spelling?"""
-        if self.stem_key() is None or not len(ids):
+        if self.stem_key is None or not len(ids):
             return False
-        assert self.stems is not None  # stem_key() is None without them
+        assert self.stems is not None  # stem_key is None without them
         return bool(np.isin(self.stems, ids).all())
 
+    @cached_property
     def stem_key(self) -> bytes | None:
-        """The label set up to spelling: equal for POS, NEG and positive, negative."""
+        """The label set up to spelling: equal for POS, NEG and positive, negative. Computed once: the label
+        check asks it for every candidate skill of every request."""
         if self.stems is None or len(np.unique(self.stems)) != len(self.stems):  # they must tell the labels apart
             return None
         return np.sort(self.stems).tobytes()
@@ -236,7 +239,7 @@ class LabelIndex:
         self._owner = (
             np.concatenate([np.full(len(m.offsets) - 1, i) for i, (_, m) in enumerate(kept)]) if kept else lengths
         )
-        self._keys = [(m.label_keys(), m.stem_key()) for _, m in kept]
+        self._keys = [(m.label_keys(), m.stem_key) for _, m in kept]
 
     def named_in_full(self, request: np.ndarray) -> list[tuple[frozenset[bytes], bytes | None]]:
         """The label sets (label_keys, stem_key) of the indexed skills whose every label the request names."""
@@ -263,7 +266,7 @@ def labels_accept_each(
     named = index.named_in_full(request) if index is not None else []
 
     def ok(m: LabelModel) -> bool:
-        stem = m.stem_key()
+        stem = m.stem_key
         others = [keys for keys, other_stem in named if stem is None or other_stem != stem]
         if not m.accepts(request, options) or (others and m.coverage(request) < 1.0):
             return False

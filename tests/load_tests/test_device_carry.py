@@ -4,6 +4,7 @@ chunk stops the unpack before it writes anything."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -116,5 +117,5 @@ def test_datasets_are_carried_with_their_first_rows_only(tmp_path: Path) -> None
         device_carry.datasets(tmp_path / "stage" / "long_sequence" / "cb", tmp_path / "again", 1, 1)
     assert device_carry.rows_pair("300,200") == (300, 200)
     for bad in ("300", "0,5", "a,b"):
-        with pytest.raises(Exception, match="--rows takes"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--rows takes"):
             device_carry.rows_pair(bad)

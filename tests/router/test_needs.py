@@ -107,7 +107,7 @@ def _sentiment_models() -> dict[str, LabelModel]:
 def test_a_label_set_in_another_spelling_asks_for_the_same_output_space() -> None:
     models = _sentiment_models()
     sst2, tweets = models.values()
-    assert sst2.label_keys() != tweets.label_keys() and sst2.stem_key() == tweets.stem_key()
+    assert sst2.label_keys() != tweets.label_keys() and sst2.stem_key == tweets.stem_key
     index = LabelIndex(models)  # neither set is named by chance in its inputs: both indexed
     review = "Would you call this line from a film review positive or negative?\nA gorgeous, witty film."
     tweet = "Tweet sentiment please, POS or NEG.\n@sam can't wait for the weekend!"
@@ -117,18 +117,18 @@ def test_a_label_set_in_another_spelling_asks_for_the_same_output_space() -> Non
     assert sst2.accepts(request_grams(review), option_ids("Options: positive, negative.\n" + review))
     assert not sst2.accepts(request_grams(review), option_ids("Options: Good, Bad.\n" + review))
     restored = LabelModel.from_tensors(sst2.tensors())
-    assert restored is not None and restored.stem_key() == sst2.stem_key()
+    assert restored is not None and restored.stem_key == sst2.stem_key
     # a skill stored before stems keeps the old rule: another spelling of its labels turns it away
     old = {k: v for k, v in sst2.tensors().items() if k != "label_stems"}
     before = LabelModel.from_tensors(old)
-    assert before is not None and before.stem_key() is None
+    assert before is not None and before.stem_key is None
     assert list(labels_accept_each(request_grams(review), [before, tweets], index)) == [False, True]
 
 
 def test_stems_that_cannot_tell_labels_apart_are_not_a_spelling() -> None:
     ex = read_task("long_sequence", "amazon", "train", 300)  # very negative, very positive: both "ver"
     m = fit_labels([e["answer"] for e in ex], [e["route_input"] for e in ex], LabelSettings())
-    assert m is not None and m.stem_key() is None
+    assert m is not None and m.stem_key is None
     text = "Options: very bad, bad, neutral, good, very good.\nGreat blender."
     assert not m.accepts(request_grams(text), option_ids(text))
 
