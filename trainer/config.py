@@ -39,13 +39,13 @@ class TrainConfig:
     replay_fraction: float = 0.02  # stored for later replay / memory buffers
     probe_size: int = 20  # held-out prompts kept to re-check the skill later
     seed: int = 0
-    # share of the training rows shown in another wording (input alone, instruction as a system message or after
-    # the input, a rewording keeping the label set: trainer/prompt_variants.py) instead of as uploaded; same rows
-    # and steps. Off until measured (docs/answers.md#training-on-variants-opt-in)
-    prompt_variants: float = 0.0
-    # True: each such variant is one more row beside its uploaded row instead of replacing it (the uploaded
-    # wording keeps all its training; the steps grow by the share)
-    prompt_variants_added: bool = False
+    # share of the training rows also shown in another wording (input alone, instruction as a system message or
+    # after the input, a rewording keeping the label set: trainer/prompt_variants.py), so a skill answers users who
+    # do not copy its template; 0.0 trains on the rows as uploaded only (docs/answers.md#training-on-variants)
+    prompt_variants: float = 1.0
+    # True: each such variant is one more row beside its uploaded row (the uploaded wording keeps all its
+    # training; the steps grow by the share); False: it replaces the row (same steps, measured to cost accuracy)
+    prompt_variants_added: bool = True
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
     quality_z: float = 1.645  # ... and the gain's lower bound (mean - z * standard error) must be > 0 (0 disables)

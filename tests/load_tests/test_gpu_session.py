@@ -27,8 +27,8 @@ def base_config(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--rehearse", "mixes"], "unknown argument mixes (parts: mix, serve, route, answers, answers-variants)"),
-        (["--rehearse"], "name at least one part: mix, serve, route, answers, answers-variants"),
+        (["--rehearse", "mixes"], "unknown argument mixes (parts: mix, serve, route, answers, answers-before)"),
+        (["--rehearse"], "name at least one part: mix, serve, route, answers, answers-before"),
         (["--serve"], "unknown argument --serve"),
     ],
 )
@@ -53,7 +53,7 @@ def test_a_missing_base_config_is_refused_before_anything_runs(tmp_path: Path) -
 def test_the_answers_parts_need_the_carried_tasks(tmp_path: Path, base_config: Path) -> None:
     out, empty = tmp_path / "out", tmp_path / "datasets"
     empty.mkdir()
-    for part in ("answers", "answers-variants"):
+    for part in ("answers", "answers-before"):
         run = session(str(out), "--base-config", str(base_config), "--datasets", str(empty), "mix", part)
         assert run.returncode == 2
         assert f"no task folders in {empty} (--datasets)" in run.stderr

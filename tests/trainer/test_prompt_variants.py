@@ -132,7 +132,8 @@ def test_zero_fraction_keeps_todays_token_sequences(tiny_base) -> None:  # type:
 
 
 def test_the_fraction_is_a_checked_hyperparameter() -> None:
-    assert TrainConfig().prompt_variants == 0.0
+    # on by default: each row's variant beside it (issue 46's measured config)
+    assert (TrainConfig().prompt_variants, TrainConfig().prompt_variants_added) == (1.0, True)
     assert TrainConfig.from_dict({"prompt_variants": 1}).prompt_variants == 1.0
     for bad in (-0.1, 1.5):
         with pytest.raises(ConfigError, match=r"config.prompt_variants: must be in \[0, 1\]"):

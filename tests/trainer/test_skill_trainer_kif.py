@@ -73,8 +73,9 @@ def test_kif_trains_the_probes_pick_beside_fresh_for_a_cycle_and_keeps_the_bette
     best = min(finalists, key=lambda f: f["held_out_loss"])
     assert [f.get("kept", False) for f in finalists] == [f is best for f in finalists]
     assert kif["init_from"] == best["blocks"]
-    # 36 rows at batch 8: 5 task steps and 1 outer step, after the other start's cycle (5 + 1: one partial cycle)
-    assert steps == [(i, 12) for i in range(1, 13)]
+    # 36 rows and their 36 variants (the default) at batch 8: 9 task steps and 1 outer step, after the other
+    # start's cycle (9 + 1: one partial cycle)
+    assert steps == [(i, 20) for i in range(1, 21)]
 
     untried = trainer.run(
         "dbpedia-2", dbpedia, TrainConfig(**{**cfg.to_dict(), "kif_start_trial": 0}), "kif", force=True
