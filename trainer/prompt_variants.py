@@ -1,4 +1,4 @@
-"""Training rows in the wordings a user would plausibly send (issue 46, opt-in: TrainConfig.prompt_variants).
+"""Training rows in the wordings a user would plausibly send (issue 46; TrainConfig.prompt_variants, on by default).
 
 A skill trained on one instruction template copies wording from a paraphrased prompt instead of answering
 with its label. `with_variants` shows a seeded share of the training rows in another wording, instead of as
