@@ -128,6 +128,8 @@ def test_zero_fraction_keeps_todays_token_sequences(tiny_base) -> None:  # type:
     train = rows(n=6)
     today = [encode_example(tok, e, 512) for e in train]
     assert [encode_example(tok, e, 512) for e in with_variants(train, 0.0, seed=3)] == today
+    # {"prompt_variants": 0.0} over the default prompt_variants_added=True trains exactly as before too
+    assert [encode_example(tok, e, 512) for e in with_variants(train, 0.0, seed=3, added=True)] == today
     assert [encode_example(tok, e, 512) for e in with_variants(train, 1.0, seed=3)] != today
 
 
