@@ -1,4 +1,4 @@
-"""The quality gate's verdict and its pieces (the routed re-check runs in tests/server/test_api.py)."""
+"""The quality gate's verdict and its pieces (the routed re-check runs in tests/server/test_api_tasks.py)."""
 
 from __future__ import annotations
 
