@@ -16,9 +16,6 @@ from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
 
-# one epoch at batch 8: the upload tests train a random tiny model, whose skill learns nothing anyway
-FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
-
 
 def chat(client: TestClient, content: str, **kw):  # type: ignore[no-untyped-def]
     body = {

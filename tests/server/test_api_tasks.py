@@ -12,7 +12,10 @@ from fastapi.testclient import TestClient
 
 from skillpool.server.bootstrap import build_components
 from tests.conftest import dataset_dir, sst2_lines, wait_job
-from tests.server.test_api import FAST, assert_error, chat
+from tests.server.test_api import assert_error, chat
+
+# one epoch at batch 8: the upload tests train a random tiny model, whose skill learns nothing anyway
+FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
 
 
 def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, components) -> None:  # type: ignore[no-untyped-def]
