@@ -14,8 +14,6 @@ from fastapi.testclient import TestClient
 
 from skillpool.server.app import create_app
 from skillpool.server.auth import KeyRing
-from skillpool.server.bootstrap import build_components
-from skillpool.server.config import ServerConfig
 from skillpool.trainer.jobs import Job, new_job_id
 from skillpool.trainer.records import TERMINAL, JobStatus
 from tests.adapters_store.test_store import draft
@@ -39,6 +37,7 @@ BEARER = {
 NO_FILE, NO_JOB = "file-" + "0" * 24, "job-" + "0" * 20
 CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 BAD_JSONL = b"not json\n"
+DEFAULT_MAX_TOKENS = 2  # the conftest server's default answer length
 
 # (method, path, request keywords) -> status for: no key (when chat is open), a chat key, the train key that
 # owns {file} and {job} (bob), another train key (carol), an admin key. A role below the need: 403; no key
@@ -111,14 +110,6 @@ SETUPS: dict[str, tuple[dict[str, Any], dict[str, tuple[str | None, str]]]] = {
         },
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def components(tiny_base, embedder, tmp_path_factory):  # type: ignore[no-untyped-def]
-    cfg = ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_upload_bytes=300_000, default_max_tokens=2)
-    c = build_components(cfg, base=tiny_base, embedder=embedder)
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,20 +18,12 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
-from skillpool.server.config import ServerConfig
 from skillpool.trainer.events import Resync
 from tests.conftest import sst2_lines, strict, wait_fine_tuning
 
 FAST = {"n_epochs": 1, "batch_size": 8}
+DEFAULT_MAX_TOKENS = 4  # the conftest server's default answer length
 SETTINGS = {"force": "true", "config": json.dumps({"max_seq_len": 256})}  # a random tiny model learns nothing
-
-
-@pytest.fixture(scope="module")
-def components(tiny_base, embedder, tmp_path_factory):  # type: ignore[no-untyped-def]
-    cfg = ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_upload_bytes=300_000, default_max_tokens=4)
-    c = build_components(cfg, base=tiny_base, embedder=embedder)
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="module")
