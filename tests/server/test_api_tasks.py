@@ -26,59 +26,26 @@ def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, comp
     )
     assert [(e["line"], e["field"]) for e in err["errors"]] == [(2, ""), (4, "output")]
     assert "line 2" in err["message"] and "line 4" in err["message"]
-    assert_error(
-        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "../x"}),
-        400,
-        "name",
-        "invalid_name",
-    )
-    assert_error(
-        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "auto"}),
-        400,
-        "name",
-        "invalid_name",
-    )
-    assert_error(
-        client.post(
-            "/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": '{"rank": -1}'}
-        ),
-        400,
-        "config.rank",
-    )
-    assert_error(
-        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": "{"}),
-        400,
-        "config",
-    )
-    assert_error(  # `$` would let a trailing newline through; the name then breaks every routed request
-        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "abc\n"}),
-        400,
-        "name",
-        "invalid_name",
-    )
-    assert_error(  # json.loads takes NaN: refused now, not a 500 in the trainer later
-        client.post(
-            "/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "config": '{"alpha": NaN}'}
-        ),
-        400,
-        "config.alpha",
-    )
-    assert_error(
-        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "magic"}),
-        400,
-        "method",
-    )
+    refused: list[tuple[dict[str, str], str, str | None]] = [  # (form fields, param, code) beside a good file
+        ({"name": "../x"}, "name", "invalid_name"),
+        ({"name": "auto"}, "name", "invalid_name"),
+        ({"name": "s", "config": '{"rank": -1}'}, "config.rank", None),
+        ({"name": "s", "config": "{"}, "config", None),
+        # `$` would let a trailing newline through; the name then breaks every routed request
+        ({"name": "abc\n"}, "name", "invalid_name"),
+        # json.loads takes NaN: refused now, not a 500 in the trainer later
+        ({"name": "s", "config": '{"alpha": NaN}'}, "config.alpha", None),
+        ({"name": "s", "method": "magic"}, "method", None),
+        ({"name": "s", "force": "maybe"}, "force", None),
+    ]
+    for data, param, code in refused:
+        assert_error(client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data=data), 400, param, code)
     err = assert_error(
         client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "method": "sapt"}),
         400,
         "method",
     )
     assert "--router-mode sapt" in err["message"]  # this server routes with dtkr
-    assert_error(
-        client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(12))}, data={"name": "s", "force": "maybe"}),
-        400,
-        "force",
-    )
     assert_error(
         client.post("/tasks", files={"file": ("d.jsonl", sst2_lines(3))}, data={"name": "s"}),
         400,
