@@ -46,6 +46,9 @@ class TrainConfig:
     # True: each such variant is one more row beside its uploaded row (the uploaded wording keeps all its
     # training; the steps grow by the share); False: it replaces the row (same steps, measured to cost accuracy)
     prompt_variants_added: bool = True
+    # with added variants: how many wordings of different kinds follow each chosen row (each one more row; 1: the
+    # default, measured on all 12 Long Sequence tasks; more: docs/answers.md#more-wordings-per-row)
+    prompt_variant_copies: int = 1
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
     quality_z: float = 1.645  # ... and the gain's lower bound (mean - z * standard error) must be > 0 (0 disables)
@@ -119,6 +122,10 @@ class TrainConfig:
                 raise ConfigError(f"config.{name}", "must be >= 0")
         if not 0 <= self.prompt_variants <= 1:
             raise ConfigError("config.prompt_variants", "must be in [0, 1]")
+        if not 1 <= self.prompt_variant_copies <= 4 or (
+            self.prompt_variant_copies > 1 and not self.prompt_variants_added
+        ):
+            raise ConfigError("config.prompt_variant_copies", "must be in [1, 4], and 1 unless prompt_variants_added")
         if not -1 <= self.quality_min_gain <= 1:
             raise ConfigError("config.quality_min_gain", "must be in [-1, 1]")
         if self.kif_inner_steps < 1:

@@ -130,15 +130,20 @@ def variant(ex: Example, kind: Kind, labels: Sequence[str], rng: random.Random) 
     return out  # type: ignore[return-value]  # the same keys as `ex`, only the prompt replaced
 
 
-def with_variants(train: list[Example], fraction: float, seed: int, added: bool = False) -> list[Example]:
+def with_variants(
+    train: list[Example], fraction: float, seed: int, added: bool = False, copies: int = 1
+) -> list[Example]:
     """`train` with round(fraction × the rows that separate instruction and input) of them in another wording.
 
     Replacing (the default): same rows, same order, same answers, so the number of steps is unchanged. `added`:
     every uploaded row stays and each chosen row's variant follows it as one more row (the loop shuffles), so
-    the uploaded wording loses no training and the steps grow by that share. fraction 0 returns `train` itself.
-    Deterministic given `seed`."""
+    the uploaded wording loses no training and the steps grow by that share. `copies` > 1 (with `added` only):
+    each chosen row is followed by that many variants of different kinds, the first drawn as with one copy.
+    fraction 0 returns `train` itself. Deterministic given `seed`."""
     if not 0 <= fraction <= 1:
         raise ValueError(f"prompt_variants must be in [0, 1], got {fraction!r}")
+    if not 1 <= copies <= len(KINDS) - 1 or (copies > 1 and not added):
+        raise ValueError(f"prompt_variant_copies must be in [1, {len(KINDS) - 1}] and > 1 only when added")
     if fraction == 0 or not train:
         return train
     rng = random.Random(f"prompt_variants:{seed}")  # a str seed hashes the same in every process
@@ -151,9 +156,12 @@ def with_variants(train: list[Example], fraction: float, seed: int, added: bool 
             out.append(ex)
         if i not in chosen:
             continue
-        uploaded = ex["messages"]
-        picked = variant(ex, rng.choice(KINDS), labels, rng)
-        if picked["messages"] == uploaded:  # e.g. `system` for a row uploaded that way: reword it instead
-            picked = variant(ex, "reworded", labels, rng)
-        out.append(picked)
+        kinds = [rng.choice(KINDS)]
+        for n in range(copies):
+            if n == 1:  # drawn after the first variant, so the first is what one copy gives
+                kinds += rng.sample([k for k in KINDS if k != kinds[0]], copies - 1)
+            picked = variant(ex, kinds[n], labels, rng)
+            if picked["messages"] == ex["messages"]:  # e.g. `system` for a row uploaded that way: reword it instead
+                picked = variant(ex, "reworded", labels, rng)
+            out.append(picked)
     return out

@@ -136,7 +136,9 @@ class SkillTrainer:
             job = BlockJob(
                 name,
                 # the block alone sees the other wordings
-                with_variants(train, cfg.prompt_variants, cfg.seed, cfg.prompt_variants_added),
+                with_variants(
+                    train, cfg.prompt_variants, cfg.seed, cfg.prompt_variants_added, cfg.prompt_variant_copies
+                ),
                 held,
                 cfg,
                 model,

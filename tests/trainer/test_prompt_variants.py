@@ -119,6 +119,37 @@ def test_added_variants_keep_every_uploaded_row_and_follow_it() -> None:
     assert with_variants(train, 0.0, seed=0, added=True) is train
 
 
+def test_copies_follow_each_row_with_that_many_different_wordings() -> None:
+    train = rows()
+    one = with_variants(train, 1.0, seed=7, added=True)
+    assert with_variants(train, 1.0, seed=7, added=True, copies=1) == one  # the default draws as before
+    two = with_variants(train, 1.0, seed=7, added=True, copies=2)
+    assert len(two) == 3 * len(train) and [x for x in two if x in train] == train
+    assert two[1] == one[1]  # the first row's first variant is drawn as with one copy
+    for i, ex in enumerate(train):
+        first, second = two[3 * i + 1], two[3 * i + 2]
+        assert two[3 * i] == ex and first["answer"] == second["answer"] == ex["answer"]
+        assert first["route_input"] == second["route_input"] == ex["route_input"]
+        assert ex["messages"] != first["messages"] != second["messages"] != ex["messages"]
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="prompt_variant_copies"):
+            with_variants(train, 1.0, seed=0, added=True, copies=bad)
+    with pytest.raises(ValueError, match="only when added"):
+        with_variants(train, 1.0, seed=0, copies=2)
+
+
+def test_copies_is_a_checked_hyperparameter() -> None:
+    assert TrainConfig().prompt_variant_copies == 1
+    assert TrainConfig.from_dict({"prompt_variant_copies": 3}).prompt_variant_copies == 3
+    for bad in (0, 5, -1):
+        with pytest.raises(ConfigError, match=r"config.prompt_variant_copies: must be in \[1, 4\]"):
+            TrainConfig.from_dict({"prompt_variant_copies": bad})
+    with pytest.raises(ConfigError, match="config.prompt_variant_copies"):
+        TrainConfig.from_dict({"prompt_variant_copies": 2, "prompt_variants_added": False})
+    with pytest.raises(ConfigError, match="config.prompt_variant_copies: must be a int"):
+        TrainConfig.from_dict({"prompt_variant_copies": 1.5})
+
+
 def test_zero_fraction_keeps_todays_token_sequences(tiny_base) -> None:  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
