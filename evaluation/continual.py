@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skillpool.trainer.config import METHODS, TrainConfig
+from skillpool.trainer.config import METHODS, TrainConfig, as_recorded_now
 
 from .baselines import Baselines, BaselineSides, logged_result, logged_training
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
@@ -57,8 +57,10 @@ def _reference_single(
     JSON keeps them (runs before FWT's interval did not)."""
     ref = json.loads(path.read_text())
     want = {"train_limit": args.train_limit, "test_limit": args.test_limit, "train_config": args.train_config.to_dict()}
+    recorded = {**ref.get("config", {})}
+    recorded["train_config"] = as_recorded_now(recorded.get("train_config"))
     for key, value in want.items():
-        if ref.get("config", {}).get(key) != value:
+        if recorded.get(key) != value:
             raise SystemExit(f"--reference {path} was run with another {key}; FWT needs the same setup")
     single = ref.get("single_task") or {}
     missing = [t.name for t in tasks if t.name not in single]

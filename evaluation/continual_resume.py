@@ -10,6 +10,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from skillpool.trainer.config import as_recorded_now
+
 from .continual_task import Task
 from .progress_log import RUN
 
@@ -34,7 +36,8 @@ def earlier_steps(
     seq's one LoRA is not stored)."""
     if not lines or lines[0].get("side") != RUN:
         raise SystemExit("--resume: the progress log does not start with its run's setup (written before --resume?)")
-    before = lines[0]["setup"]
+    before = {**lines[0]["setup"]}
+    before["train_config"] = as_recorded_now(before.get("train_config"))
     for key, value in setup.items():
         if before.get(key) != value:
             raise SystemExit(f"--resume: the cut run had {key} {before.get(key)!r}, this one {value!r}")

@@ -12,6 +12,16 @@ KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/methods
 CHECKPOINTING = {"auto": None, "on": True, "off": False}  # TrainConfig.gradient_checkpointing → Schedule's
 
 
+# fields added after runs were recorded, each with the value that trains as a config without it did: a recorded
+# config lacking one is read as having it (eval continual's --resume and --reference compare recorded configs)
+ADDED_SINCE: dict[str, Any] = {"prompt_variant_copies": 1}
+
+
+def as_recorded_now(raw: Any) -> Any:
+    """A config dict recorded by an earlier run, with the fields added since filled as it trained."""
+    return {**ADDED_SINCE, **raw} if isinstance(raw, dict) else raw
+
+
 class ConfigError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         self.param = param

@@ -6,6 +6,7 @@ import pytest
 
 from skillpool.evaluation.baselines import logged_result, logged_training
 from skillpool.evaluation.continual_resume import earlier_steps
+from skillpool.trainer.config import TrainConfig
 
 
 def test_resume_keeps_the_tasks_scored_whole_and_the_sides_that_finished() -> None:
@@ -46,3 +47,14 @@ def test_resume_keeps_the_tasks_scored_whole_and_the_sides_that_finished() -> No
         earlier_steps(lines, {**setup, "test_limit": 3}, "kif", ["a", "b", "c"], [])
     with pytest.raises(SystemExit, match="does not start with its run's setup"):
         earlier_steps(lines[1:], setup, "kif", ["a", "b", "c"], [])
+
+
+def test_a_log_from_before_a_config_field_existed_resumes_as_it_trained() -> None:
+    now = TrainConfig().to_dict()
+    older = {k: v for k, v in now.items() if k != "prompt_variant_copies"}  # recorded before the field existed
+    lines = [{"side": "run", "setup": {"tasks": ["a"], "train_config": older}}]
+    assert earlier_steps(lines, {"tasks": ["a"], "train_config": now}, "kif", ["a"], []).server == []
+    other = TrainConfig(prompt_variant_copies=2).to_dict()
+    with pytest.raises(SystemExit, match="the cut run had train_config"):
+        earlier_steps(lines, {"tasks": ["a"], "train_config": other}, "kif", ["a"], [])
+    assert lines[0]["setup"]["train_config"] == older  # the log's own line is read, not rewritten
