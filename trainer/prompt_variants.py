@@ -130,6 +130,12 @@ def variant(ex: Example, kind: Kind, labels: Sequence[str], rng: random.Random) 
     return out  # type: ignore[return-value]  # the same keys as `ex`, only the prompt replaced
 
 
+def _worded(ex: Example, kind: Kind, labels: Sequence[str], rng: random.Random) -> Example:
+    """`variant`, reworded instead where `kind` gives the uploaded prompt back (`system` for a row uploaded so)."""
+    picked = variant(ex, kind, labels, rng)
+    return variant(ex, "reworded", labels, rng) if picked["messages"] == ex["messages"] else picked
+
+
 def with_variants(
     train: list[Example], fraction: float, seed: int, added: bool = False, copies: int = 1
 ) -> list[Example]:
@@ -156,12 +162,9 @@ def with_variants(
             out.append(ex)
         if i not in chosen:
             continue
-        kinds = [rng.choice(KINDS)]
-        for n in range(copies):
-            if n == 1:  # drawn after the first variant, so the first is what one copy gives
-                kinds += rng.sample([k for k in KINDS if k != kinds[0]], copies - 1)
-            picked = variant(ex, kinds[n], labels, rng)
-            if picked["messages"] == ex["messages"]:  # e.g. `system` for a row uploaded that way: reword it instead
-                picked = variant(ex, "reworded", labels, rng)
-            out.append(picked)
+        first = rng.choice(KINDS)
+        out.append(_worded(ex, first, labels, rng))
+        # drawn after the first variant, so the first is what one copy gives
+        for kind in rng.sample([k for k in KINDS if k != first], copies - 1) if copies > 1 else []:
+            out.append(_worded(ex, kind, labels, rng))
     return out
