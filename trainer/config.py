@@ -10,6 +10,8 @@ METHODS = ("isolated", "sapt", "kif")  # each name has its class in trainer/meth
 DEFAULT_METHOD = "isolated"
 KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/methods/kif.py
 CHECKPOINTING = {"auto": None, "on": True, "off": False}  # TrainConfig.gradient_checkpointing → Schedule's
+# TrainConfig.prompt_variant_copies' bound: one per kind of wording but the first's (prompt_variants.KINDS)
+MAX_VARIANT_COPIES = 4
 
 
 # fields added after runs were recorded, each with the value that trains as a config without it did: a recorded
@@ -132,10 +134,13 @@ class TrainConfig:
                 raise ConfigError(f"config.{name}", "must be >= 0")
         if not 0 <= self.prompt_variants <= 1:
             raise ConfigError("config.prompt_variants", "must be in [0, 1]")
-        if not 1 <= self.prompt_variant_copies <= 4 or (
+        if not 1 <= self.prompt_variant_copies <= MAX_VARIANT_COPIES or (
             self.prompt_variant_copies > 1 and not self.prompt_variants_added
         ):
-            raise ConfigError("config.prompt_variant_copies", "must be in [1, 4], and 1 unless prompt_variants_added")
+            raise ConfigError(
+                "config.prompt_variant_copies",
+                f"must be in [1, {MAX_VARIANT_COPIES}], and 1 unless prompt_variants_added",
+            )
         if not -1 <= self.quality_min_gain <= 1:
             raise ConfigError("config.quality_min_gain", "must be in [-1, 1]")
         if self.kif_inner_steps < 1:

@@ -24,6 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
+from .config import MAX_VARIANT_COPIES
 from .records import Example
 from .scoring import is_classification
 
@@ -148,8 +149,8 @@ def with_variants(
     fraction 0 returns `train` itself. Deterministic given `seed`."""
     if not 0 <= fraction <= 1:
         raise ValueError(f"prompt_variants must be in [0, 1], got {fraction!r}")
-    if not 1 <= copies <= len(KINDS) - 1 or (copies > 1 and not added):
-        raise ValueError(f"prompt_variant_copies must be in [1, {len(KINDS) - 1}] and > 1 only when added")
+    if not 1 <= copies <= MAX_VARIANT_COPIES or (copies > 1 and not added):
+        raise ValueError(f"prompt_variant_copies must be in [1, {MAX_VARIANT_COPIES}] and > 1 only when added")
     if fraction == 0 or not train:
         return train
     rng = random.Random(f"prompt_variants:{seed}")  # a str seed hashes the same in every process

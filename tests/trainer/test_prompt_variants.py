@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from skillpool.trainer.config import ConfigError, TrainConfig
+from skillpool.trainer.config import MAX_VARIANT_COPIES, ConfigError, TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.prompt_variants import KINDS, label_set, reword, split_prompt, variant, with_variants
 from skillpool.trainer.records import Example
@@ -140,6 +140,7 @@ def test_copies_follow_each_row_with_that_many_different_wordings() -> None:
 
 def test_copies_is_a_checked_hyperparameter() -> None:
     assert TrainConfig().prompt_variant_copies == 1
+    assert MAX_VARIANT_COPIES == len(KINDS) - 1  # each copy a different kind, the first drawn from all
     assert TrainConfig.from_dict({"prompt_variant_copies": 3}).prompt_variant_copies == 3
     for bad in (0, 5, -1):
         with pytest.raises(ConfigError, match=r"config.prompt_variant_copies: must be in \[1, 4\]"):
