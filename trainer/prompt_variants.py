@@ -166,6 +166,6 @@ def with_variants(
         first = rng.choice(KINDS)
         out.append(_worded(ex, first, labels, rng))
         # drawn after the first variant, so the first is what one copy gives
-        for kind in rng.sample([k for k in KINDS if k != first], copies - 1) if copies > 1 else []:
+        for kind in rng.sample([k for k in KINDS if k != first], copies - 1):  # k=0 draws nothing
             out.append(_worded(ex, kind, labels, rng))
     return out
