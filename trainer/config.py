@@ -58,9 +58,9 @@ class TrainConfig:
     # True: each such variant is one more row beside its uploaded row (the uploaded wording keeps all its
     # training; the steps grow by the share); False: it replaces the row (same steps, measured to cost accuracy)
     prompt_variants_added: bool = True
-    # with added variants: how many wordings of different kinds follow each chosen row (each one more row; 1: the
-    # default, measured on all 12 Long Sequence tasks; more: docs/answers.md#more-wordings-per-row)
-    prompt_variant_copies: int = 1
+    # with added variants: how many wordings of different kinds follow each chosen row (each one more row); 2 held
+    # issue 46's bar routed on all 12 Long Sequence tasks, 1 did not (docs/answers.md#more-wordings-per-row)
+    prompt_variant_copies: int = 2
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
     quality_z: float = 1.645  # ... and the gain's lower bound (mean - z * standard error) must be > 0 (0 disables)
@@ -108,6 +108,8 @@ class TrainConfig:
             elif want is float and not math.isfinite(value):  # json.loads accepts NaN and Infinity
                 raise ConfigError(f"config.{key}", f"must be a finite number, got {value!r}")
             base[key] = value
+        if base["prompt_variants_added"] is False and "prompt_variant_copies" not in raw:
+            base["prompt_variant_copies"] = 1  # replaced rows take one wording; 2 is only the added default
         cfg = cls(**base)
         cfg._check()
         return cfg

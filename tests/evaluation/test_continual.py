@@ -208,9 +208,11 @@ def test_a_reference_gives_single_task_scores_and_their_rows_where_it_kept_them(
     with pytest.raises(SystemExit, match="another test_limit"):
         _reference_single(path, tasks, args)
     # a reference recorded before prompt_variant_copies existed trained as copies 1 does, and only as that
-    older = {k: v for k, v in config["train_config"].items() if k != "prompt_variant_copies"}
+    one = TrainConfig(prompt_variant_copies=1)
+    older = {k: v for k, v in one.to_dict().items() if k != "prompt_variant_copies"}
     older_ref = {"config": {**config, "train_config": older}, "single_task": {"a": 33.3, "b": 66.7}}
     path, args = reference_args(tmp_path, older_ref)
+    args.train_config = one
     assert _reference_single(path, tasks, args) == ([33.3, 66.7], None)
     args.train_config = TrainConfig(prompt_variant_copies=2)
     with pytest.raises(SystemExit, match="another train_config"):

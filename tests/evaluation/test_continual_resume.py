@@ -50,7 +50,7 @@ def test_resume_keeps_the_tasks_scored_whole_and_the_sides_that_finished() -> No
 
 
 def test_a_log_from_before_a_config_field_existed_resumes_as_it_trained() -> None:
-    now = TrainConfig().to_dict()
+    now = TrainConfig(prompt_variant_copies=1).to_dict()
     older = {k: v for k, v in now.items() if k != "prompt_variant_copies"}  # recorded before the field existed
     lines = [{"side": "run", "setup": {"tasks": ["a"], "train_config": older}}]
     assert earlier_steps(lines, {"tasks": ["a"], "train_config": now}, "kif", ["a"], []).server == []

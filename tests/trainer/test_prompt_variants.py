@@ -139,7 +139,10 @@ def test_copies_follow_each_row_with_that_many_different_wordings() -> None:
 
 
 def test_copies_is_a_checked_hyperparameter() -> None:
-    assert TrainConfig().prompt_variant_copies == 1
+    assert TrainConfig().prompt_variant_copies == 2
+    # replaced rows take one wording: turning additions off alone still gives a valid config
+    assert TrainConfig.from_dict({"prompt_variants_added": False}).prompt_variant_copies == 1
+    assert TrainConfig.from_dict({"prompt_variants_added": True}).prompt_variant_copies == 2
     assert MAX_VARIANT_COPIES == len(KINDS) - 1  # each copy a different kind, the first drawn from all
     assert TrainConfig.from_dict({"prompt_variant_copies": 3}).prompt_variant_copies == 3
     for bad in (0, 5, -1):
@@ -201,6 +204,7 @@ def test_a_job_trains_the_block_on_variants_and_keeps_the_keys(tiny_base, embedd
             max_eval_examples=2,
             prompt_variants=min(max(share, 0.0), 1.0),
             prompt_variants_added=share == 2.0,
+            prompt_variant_copies=2 if share == 2.0 else 1,  # replaced rows take one wording
         )
         seen: list[int] = []
         recs[share] = trainer.run("s", train, cfg, force=True, on_progress=lambda p, seen=seen: seen.append(p.total))
