@@ -22,7 +22,7 @@ base_config=/tmp/base-config  # where device_unpack.py puts SmolLM2's config and
 datasets=/tmp/datasets/long_sequence  # ... and `device_carry.py pack --datasets ../shared/datasets/long_sequence`
 # issue 46's "before": training on the rows as uploaded only, the default until prompt variants (docs/answers.md)
 ANSWERS_BEFORE=${ANSWERS_BEFORE:-'{"prompt_variants": 0.0}'}
-# the "after" side; e.g. '{"prompt_variant_copies": 2}', the candidate for issue 46's mean bar (docs/answers.md)
+# the "after" side; e.g. '{"prompt_variant_copies": 1}' for the 1-copy skills the default replaced (docs/answers.md)
 ANSWERS_CONFIG=${ANSWERS_CONFIG:-'{}'}
 parts=()
 tasks=()
