@@ -59,7 +59,7 @@ class TrainConfig:
     # training; the steps grow by the share); False: it replaces the row (same steps, measured to cost accuracy)
     prompt_variants_added: bool = True
     # with added variants: how many wordings of different kinds follow each chosen row (each one more row); 2 held
-    # issue 46's bar routed on all 12 Long Sequence tasks, 1 did not (docs/answers.md#more-wordings-per-row)
+    # issue 46's bar routed on all 12 Long Sequence tasks, 1 did not (docs/answers.md#all-12-at-2-copies-the-default)
     prompt_variant_copies: int = 2
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this

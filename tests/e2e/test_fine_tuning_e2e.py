@@ -24,7 +24,11 @@ BASE = "SmolLM2-135M-Instruct"
 # Small on purpose (2 CPU cores): 60 rows, one epoch. The quality gate has its own e2e test, so this one
 # registers the skill with force (the admin's metadata setting) and checks that the gate's numbers are reported.
 TRAIN_ROWS = 60
-SETTINGS = {"force": "true", "config": json.dumps({"max_eval_examples": 8, "probe_size": 4, "max_seq_len": 256})}
+# one wording beside each row: at 2 (the default) these 60 rows already pass the gate, and force is what is tested
+SETTINGS = {
+    "force": "true",
+    "config": json.dumps({"max_eval_examples": 8, "probe_size": 4, "max_seq_len": 256, "prompt_variant_copies": 1}),
+}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from skillpool.trainer import jobs as jobs_module
 from tests.conftest import sst2_lines, until, wait_job
 from tests.disk import fill, small_tmpfs, temp_leftovers
 
-FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
+# one wording beside each row: the job as short as the windows below were sized for
+FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256, "prompt_variant_copies": 1})
 
 
 def _insufficient_storage(resp: Any) -> None:

@@ -59,7 +59,14 @@ def test_kif_trains_the_probes_pick_beside_fresh_for_a_cycle_and_keeps_the_bette
     tiny_base, embedder, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder, RouterSettings()), tiny_base)
-    cfg = TrainConfig(epochs=1.0, max_eval_examples=4, max_seq_len=128, kif_start_margin=0.0, kif_start_trial=1)
+    cfg = TrainConfig(
+        epochs=1.0,
+        max_eval_examples=4,
+        max_seq_len=128,
+        kif_start_margin=0.0,
+        kif_start_trial=1,
+        prompt_variant_copies=1,
+    )
     first = trainer.run("agnews", examples("agnews", 40), cfg, "isolated", force=True)
     trainer.router.add_skill(first.name, first.router_tensors())
     dbpedia = examples("dbpedia", 40)
@@ -73,7 +80,7 @@ def test_kif_trains_the_probes_pick_beside_fresh_for_a_cycle_and_keeps_the_bette
     best = min(finalists, key=lambda f: f["held_out_loss"])
     assert [f.get("kept", False) for f in finalists] == [f is best for f in finalists]
     assert kif["init_from"] == best["blocks"]
-    # 36 rows and their 36 variants (the default) at batch 8: 9 task steps and 1 outer step, after the other
+    # 36 rows and their 36 variants (one copy) at batch 8: 9 task steps and 1 outer step, after the other
     # start's cycle (9 + 1: one partial cycle)
     assert steps == [(i, 20) for i in range(1, 21)]
 
