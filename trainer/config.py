@@ -15,7 +15,8 @@ MAX_VARIANT_COPIES = 4
 
 
 # fields added after runs were recorded, each with the value that trains as a config without it did: a recorded
-# config lacking one is read as having it (eval continual's --resume and --reference compare recorded configs)
+# config lacking one is read as having it (eval continual's --resume and --reference compare recorded configs;
+# a Redis job's payload is one, so a job queued before an upgrade trains as it was queued)
 ADDED_SINCE: dict[str, Any] = {"prompt_variant_copies": 1}
 
 

@@ -37,7 +37,7 @@ import redis
 
 from skillpool.adapters_store.store import SkillRecord
 
-from .config import TrainConfig
+from .config import TrainConfig, as_recorded_now
 from .events import Resync, SkillEvent, SkillRegistered, from_wire, to_wire
 from .failures import describe
 from .jobs import Job, Runner, run_job
@@ -312,7 +312,7 @@ class RedisJobQueue:
             run_job(
                 job,
                 data["examples"],
-                TrainConfig.from_dict(data["config"]),
+                TrainConfig.from_dict(as_recorded_now(data["config"])),  # queued by an earlier version too
                 self.runner,
                 save,
                 finish,

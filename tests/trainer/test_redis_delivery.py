@@ -4,6 +4,7 @@ while a server could not read reach it afterwards."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -193,3 +194,26 @@ def test_events_keep_their_wire_format_and_unknown_types_are_skipped() -> None:
         assert json.loads(to_wire(event)) == wire and from_wire(json.dumps(wire)) == event
     assert from_wire(json.dumps({"type": "skill_renamed", "name": "a"})) is None
     assert from_wire(json.dumps({"type": "skill_registered", "name": "a", "version": "4"})) == SkillRegistered("a", 4)
+
+
+def test_a_job_queued_before_a_config_field_existed_trains_as_it_was_queued(redis_url: str) -> None:
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    enqueuer = RedisJobQueue(redis_url, None, prefix=prefix)
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    job = enqueuer.submit(enqueuer.add(_job()), [], TrainConfig())
+    payload = json.loads(r.get(enqueuer.keys.data(job.id)) or "{}")
+    del payload["config"]["prompt_variant_copies"]  # as a version before the field wrote it
+    r.set(enqueuer.keys.data(job.id), json.dumps(payload))
+    copies: list[int] = []
+
+    def runner(j: Job, _examples: Any, cfg: TrainConfig, *_: Any) -> SkillRecord:
+        copies.append(cfg.prompt_variant_copies)
+        return _record(j)
+
+    worker = RedisJobQueue(redis_url, runner, prefix=prefix, lease_s=3.0)
+    try:
+        assert _ended(enqueuer, job).status == JobStatus.SUCCEEDED
+        assert copies == [1] and TrainConfig().prompt_variant_copies == 2  # the field's value then, not today's default
+    finally:
+        worker.close()
+        enqueuer.close()
