@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from skillpool.server.engines.vllm_mix import plugin
-from skillpool.server.engines.vllm_mix.ops import mix_lora_reference
+from skillpool.server.engines.vllm_mix.ops import MixOperands, mix_lora_reference
 from skillpool.server.engines.vllm_mix.tables import MIX_KEY, parse_mix, token_tables
 
 pytestmark = pytest.mark.vllm
@@ -66,7 +66,7 @@ def test_the_cpu_wrapper_adds_each_tokens_mix_and_leaves_base_rows_alone() -> No
     y, ref = y0.clone(), y0.clone()
     wrapper.set_mix(idx, w)
     wrapper.add_lora_linear(y, x, a, b, 1.0, outs)
-    mix_lora_reference(ref[:5], x[:5], a, b, idx, w, outs)
+    mix_lora_reference(MixOperands(ref[:5], x[:5], a, b, idx, w, outs))
     assert torch.equal(y[2], y0[2]) and torch.equal(y[5], y0[5])  # base and padded rows: exactly +0
     assert (y - ref).abs().max() <= 1e-5 * ref.abs().max()
     assert not torch.allclose(y[0], y0[0])

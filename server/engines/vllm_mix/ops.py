@@ -9,39 +9,45 @@ Shapes follow vLLM's stacked LoRA buffers: `lora_a[s]` is [slots, 1, rank, in], 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 
-def _check(y: torch.Tensor, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, output_slices: Sequence[int]) -> None:
-    if idx.shape != w.shape or idx.dim() != 2 or idx.shape[0] != x.shape[0] or y.shape[0] != x.shape[0]:
-        raise ValueError(f"mix shapes disagree: x {tuple(x.shape)}, idx {tuple(idx.shape)}, w {tuple(w.shape)}")
-    if y.shape[1] != sum(output_slices):
-        raise ValueError(f"y has {y.shape[1]} columns, the slices {tuple(output_slices)} need {sum(output_slices)}")
+@dataclass(frozen=True, eq=False)
+class MixOperands:
+    """One layer's operands of the mix-LoRA operation (shapes above), checked to agree when built."""
+
+    y: torch.Tensor
+    x: torch.Tensor
+    lora_a: Sequence[torch.Tensor]
+    lora_b: Sequence[torch.Tensor]
+    idx: torch.Tensor
+    w: torch.Tensor
+    output_slices: Sequence[int]
+
+    def __post_init__(self) -> None:
+        y, x, idx, w, slices = self.y, self.x, self.idx, self.w, self.output_slices
+        if idx.shape != w.shape or idx.dim() != 2 or idx.shape[0] != x.shape[0] or y.shape[0] != x.shape[0]:
+            raise ValueError(f"mix shapes disagree: x {tuple(x.shape)}, idx {tuple(idx.shape)}, w {tuple(w.shape)}")
+        if y.shape[1] != sum(slices):
+            raise ValueError(f"y has {y.shape[1]} columns, the slices {tuple(slices)} need {sum(slices)}")
 
 
-def mix_lora_reference(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: Sequence[torch.Tensor],
-    lora_b: Sequence[torch.Tensor],
-    idx: torch.Tensor,
-    w: torch.Tensor,
-    output_slices: Sequence[int],
-) -> None:
+def mix_lora_reference(m: MixOperands) -> None:
     """Token by token in float64: slow and obviously right, the yardstick for the fast paths."""
-    _check(y, x, idx, w, output_slices)
+    y, x, idx, w = m.y, m.x, m.idx, m.w
     acc = torch.zeros(y.shape, dtype=torch.float64)
     for t in range(x.shape[0]):
         xt = x[t].to(torch.float64)
         off = 0
-        for s, out in enumerate(output_slices):
+        for s, out in enumerate(m.output_slices):
             for j in range(idx.shape[1]):
                 slot = int(idx[t, j])
                 if slot < 0:
                     continue
-                a = lora_a[s][slot, 0].to(torch.float64)
-                b = lora_b[s][slot, 0].to(torch.float64)
+                a = m.lora_a[s][slot, 0].to(torch.float64)
+                b = m.lora_b[s][slot, 0].to(torch.float64)
                 acc[t, off : off + out] += float(w[t, j]) * (b @ (a @ xt))
             off += out
     y.add_(acc.to(y.dtype))
@@ -53,27 +59,19 @@ def dense_weights(idx: torch.Tensor, w: torch.Tensor, slots: torch.Tensor) -> to
     return (match * w.to(torch.float32).unsqueeze(-1)).sum(dim=1)
 
 
-def mix_lora_torch(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: Sequence[torch.Tensor],
-    lora_b: Sequence[torch.Tensor],
-    idx: torch.Tensor,
-    w: torch.Tensor,
-    output_slices: Sequence[int],
-) -> None:
+def mix_lora_torch(m: MixOperands) -> None:
     """The batch's union of slots as two GEMMs per slice (no per-token weight gather): base tokens get an exact +0."""
-    _check(y, x, idx, w, output_slices)
+    y, idx = m.y, m.idx
     used = idx[idx >= 0]
     if used.numel() == 0:
         return
     slots = torch.unique(used)
-    weights = dense_weights(idx, w, slots)  # [T, U]
-    xf = x.to(torch.float32)
+    weights = dense_weights(idx, m.w, slots)  # [T, U]
+    xf = m.x.to(torch.float32)
     off = 0
-    for s, out in enumerate(output_slices):
-        a = lora_a[s].index_select(0, slots.to(torch.long))[:, 0].to(torch.float32)  # [U, R, in]
-        b = lora_b[s].index_select(0, slots.to(torch.long))[:, 0].to(torch.float32)  # [U, out, R]
+    for s, out in enumerate(m.output_slices):
+        a = m.lora_a[s].index_select(0, slots.to(torch.long))[:, 0].to(torch.float32)  # [U, R, in]
+        b = m.lora_b[s].index_select(0, slots.to(torch.long))[:, 0].to(torch.float32)  # [U, out, R]
         u, r, _ = a.shape
         h = (xf @ a.reshape(u * r, -1).T).view(-1, u, r) * weights.unsqueeze(-1)  # [T, U, R]
         delta = h.reshape(-1, u * r) @ b.permute(0, 2, 1).reshape(u * r, out)  # [T, out]

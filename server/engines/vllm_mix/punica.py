@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from .ops import mix_lora_torch
+from .ops import MixOperands, mix_lora_torch
 
 
 class MixPunicaWrapperCPU(PunicaWrapperCPU):  # type: ignore[misc]
@@ -21,7 +21,7 @@ class MixPunicaWrapperCPU(PunicaWrapperCPU):  # type: ignore[misc]
             return
         self._mix = (idx.to(self.device), w.to(device=self.device, dtype=torch.float32))
 
-    def add_lora_linear(
+    def add_lora_linear(  # vLLM's signature (plugin.HOOKS checks it), as in punica_gpu
         self,
         y: torch.Tensor,
         x: torch.Tensor,
@@ -42,4 +42,4 @@ class MixPunicaWrapperCPU(PunicaWrapperCPU):  # type: ignore[misc]
             pad = t - idx.shape[0]
             idx = torch.cat([idx, idx.new_full((pad, idx.shape[1]), -1)])
             w = torch.cat([w, w.new_zeros((pad, w.shape[1]))])
-        mix_lora_torch(y, x, lora_a_stacked, lora_b_stacked, idx[:t], w[:t] * scale, output_slices)
+        mix_lora_torch(MixOperands(y, x, lora_a_stacked, lora_b_stacked, idx[:t], w[:t] * scale, output_slices))

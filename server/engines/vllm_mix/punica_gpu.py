@@ -1,9 +1,9 @@
 """vLLM's CUDA punica wrapper plus per-token mixes, as one opaque custom op (NOT YET RUN ON A GPU).
 
 vLLM compiles the forward with dynamo guards off and captures it in CUDA graphs, so a Python branch in
-`add_lora_linear` would be frozen at compile time (docs/plans/vllm-mixes.md §2 "Dynamo trap"). Hence every
-LoRA linear layer calls `torch.ops.vllm.skillpool_mix_lora` unconditionally. Its inputs are persistent buffers,
-allocated once at [max_num_batched_tokens, max_loras] and rewritten in place each step:
+`add_lora_linear` would be frozen at compile time (docs/design/vllm-mix-plugin.md, "The math on each backend").
+Hence every LoRA linear layer calls `torch.ops.vllm.skillpool_mix_lora` unconditionally. Its inputs are persistent
+buffers, allocated once at [max_num_batched_tokens, max_loras] and rewritten in place each step:
 - `idx`/`w`: each token's (slot, weight) pairs; with no mix set they hold vLLM's own mapping (pass 0 = the
   token's adapter with weight 1, other passes −1), so dummy, profile and capture runs compute what vLLM would;
 - `run_start`: the runs (consecutive tokens with one mix) that fix the Triton grid, padded with empty runs.
@@ -20,11 +20,13 @@ import torch
 from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 from vllm.utils.torch_utils import direct_register_custom_op
 
+from .ops import MixOperands
+
 OP_NAME = "skillpool_mix_lora"
 _LONGEST_RUN: dict[int, int] = {}  # run_start buffer address -> this step's longest run (host), for eager grids
 
 
-def mix_lora_op(
+def mix_lora_op(  # torch infers the op's schema from these flat, annotated parameters: no MixOperands here
     y: torch.Tensor,
     x: torch.Tensor,
     lora_a: list[torch.Tensor],
@@ -46,21 +48,11 @@ def mix_lora_op(
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
     longest = t if capturing else min(t, _LONGEST_RUN.get(run_start.data_ptr(), t))
     weights = w[:t] if scale == 1.0 else w[:t] * scale
-    mix_lora_triton(y, x, lora_a, lora_b, idx[:t], weights, output_slices, runs=(run_start, longest))
+    mix_lora_triton(MixOperands(y, x, lora_a, lora_b, idx[:t], weights, output_slices), runs=(run_start, longest))
 
 
-def _mix_lora_fake(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: list[torch.Tensor],
-    lora_b: list[torch.Tensor],
-    idx: torch.Tensor,
-    w: torch.Tensor,
-    run_start: torch.Tensor,
-    output_slices: list[int],
-    scale: float,
-) -> None:
-    return None
+def _mix_lora_fake(*args: Any) -> None:
+    """The op only adds into y in place, so tracing needs no shapes from it (and none of its arguments)."""
 
 
 def _register_op() -> None:
@@ -138,7 +130,7 @@ class MixPunicaWrapperGPU(PunicaWrapperGPU):  # type: ignore[misc]
         self._run_start.copy_(torch.from_numpy(bounds))
         _LONGEST_RUN[self._run_start.data_ptr()] = longest
 
-    def add_lora_linear(
+    def add_lora_linear(  # vLLM's signature (plugin.CUDA_HOOKS checks it), as in punica
         self,
         y: torch.Tensor,
         x: torch.Tensor,

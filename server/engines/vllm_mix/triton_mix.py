@@ -1,4 +1,4 @@
-"""The mix-LoRA operation of `ops.py` as two fused Triton kernels (docs/vllm-mix-kernel.md).
+"""The mix-LoRA operation of `ops.py` as two fused Triton kernels (docs/design/vllm-mix-plugin.md).
 
 `mix_shrink` writes `h[s, t, j] = w[t, j] · A_s[idx[t, j]] x[t]` in fp32 for all K slots of a token in one
 program; `mix_expand` sums `B_s[idx[t, j]] h[s, t, j]` over j in fp32 and adds the total to y with one store.
@@ -9,13 +9,12 @@ imports without it, and `mix_lora_triton` raises a clear ImportError when it is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import cache, lru_cache
 from typing import Any
 
 import torch
 
-from .ops import _check
+from .ops import MixOperands
 
 BLOCK_M = 16  # tl.dot needs at least 16 rows; decode runs are masked down to their length
 BLOCK_N = 32
@@ -36,7 +35,8 @@ def mix_runs(idx: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 @cache
 def _kernels() -> tuple[Any, Any]:
-    """Compiles (on first use) the shrink and expand kernels; cached so each is built once per process."""
+    """Compiles (on first use) the shrink and expand kernels; cached so each is built once per process. A @jit
+    kernel takes only tensors and scalars, so each spells out its own pointers, strides and block sizes."""
     import triton
     import triton.language as tl
 
@@ -206,13 +206,8 @@ def _slice_meta(
     )
 
 
-def _validate(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: Sequence[torch.Tensor],
-    lora_b: Sequence[torch.Tensor],
-    output_slices: Sequence[int],
-) -> None:
+def _validate(m: MixOperands) -> None:
+    y, x, lora_a, lora_b, output_slices = m.y, m.x, m.lora_a, m.lora_b, m.output_slices
     if not (len(lora_a) == len(lora_b) == len(output_slices)) or not output_slices:
         raise ValueError(f"need one lora_a and lora_b per output slice, got {len(lora_a)}, {len(lora_b)}")
     a0 = lora_a[0]
@@ -229,31 +224,22 @@ def _validate(
         raise ValueError("x and y need unit stride along their last dimension")
 
 
-def mix_lora_triton(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    lora_a: Sequence[torch.Tensor],
-    lora_b: Sequence[torch.Tensor],
-    idx: torch.Tensor,
-    w: torch.Tensor,
-    output_slices: Sequence[int],
-    runs: tuple[torch.Tensor, int] | None = None,
-) -> None:
+def mix_lora_triton(m: MixOperands, runs: tuple[torch.Tensor, int] | None = None) -> None:
     """Same contract as `mix_lora_torch`. `runs` (from `mix_runs`, may be padded) fixes the grid for CUDA graphs;
     a caller that passes it vouches that idx is in range, since the check costs a host sync."""
-    _check(y, x, idx, w, output_slices)
-    _validate(y, x, lora_a, lora_b, output_slices)
+    _validate(m)
     try:
         shrink, expand = _kernels()
     except ImportError as e:
         raise ImportError("mix_lora_triton needs triton (the vLLM venv has it; use mix_lora_torch on CPU)") from e
     import triton
 
-    t, k = idx.shape
+    y, x, lora_a, lora_b, output_slices = m.y, m.x, m.lora_a, m.lora_b, m.output_slices
+    t, k = m.idx.shape
     if t == 0 or k == 0:
         return
-    idx = idx.to(torch.int32).contiguous()
-    w = w.to(torch.float32).contiguous()
+    idx = m.idx.to(torch.int32).contiguous()
+    w = m.w.to(torch.float32).contiguous()
     _, _, rank, in_dim = lora_a[0].shape
     if runs is None:
         bad = int(((idx < -1) | (idx >= lora_a[0].shape[0])).sum())  # an out-of-range slot would read stray memory

@@ -1,8 +1,8 @@
 """The CUDA mix wrapper, run without CUDA: `MixPunicaWrapperGPU` (vLLM's real `PunicaWrapperGPU` underneath)
 builds its persistent tables, and `add_lora_linear` goes through the registered `torch.ops.vllm.skillpool_mix_lora`
 op into the Triton kernel under TRITON_INTERPRET=1, checked against the float64 reference. Also the plugin's CUDA
-hooks: signature-checked against the installed 0.32 and, when its unzipped wheel is at VLLM_024_SRC (default
-/tmp/vllm024/src), against vLLM 0.24.0's source text. Run: pytest -m vllm --slow."""
+hooks: signature-checked against the installed 0.32 and, when VLLM_024_SRC names the folder of its unzipped
+wheel, against vLLM 0.24.0's source text. Run: pytest -m vllm --slow."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta  # noqa
 from vllm.v1.worker.gpu.lora_utils import LoraState  # noqa: E402
 
 from skillpool.server.engines.vllm_mix import plugin  # noqa: E402
-from skillpool.server.engines.vllm_mix.ops import mix_lora_reference  # noqa: E402
+from skillpool.server.engines.vllm_mix.ops import MixOperands, mix_lora_reference  # noqa: E402
 from skillpool.server.engines.vllm_mix.punica_gpu import MixPunicaWrapperGPU, run_starts  # noqa: E402
 
 SLOTS, RANK, IN, SLICES = 4, 16, 40, (24, 16, 8)
@@ -77,7 +77,7 @@ def reference(y0: torch.Tensor, x: torch.Tensor, idx: np.ndarray, w: np.ndarray)
     a, b = stacks()
     out = y0.clone()
     n = idx.shape[0]
-    mix_lora_reference(out[:n], x[:n], a, b, torch.from_numpy(idx), torch.from_numpy(w), SLICES)
+    mix_lora_reference(MixOperands(out[:n], x[:n], a, b, torch.from_numpy(idx), torch.from_numpy(w), SLICES))
     return out
 
 
@@ -150,6 +150,17 @@ def test_bad_tables_are_refused_before_they_reach_the_kernel(wrapper: MixPunicaW
         wrapper.add_lora_linear(
             torch.zeros(1, 48), torch.zeros(1, IN), tuple(a), tuple(b), 1.0, SLICES, add_inputs=False
         )
+
+
+def test_the_op_traces_with_fake_tensors(wrapper: MixPunicaWrapperGPU) -> None:
+    """What torch.compile sees: the registered fake accepts the op's arguments and leaves y as it was."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a, b = stacks()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        y, x = mode.from_tensor(torch.zeros(5, sum(SLICES))), mode.from_tensor(torch.zeros(5, IN))
+        wrapper.add_lora_linear(y, x, tuple(a), tuple(b), 0.5, SLICES)
+        assert y.shape == (5, sum(SLICES))
 
 
 def test_run_starts_pads_with_empty_runs() -> None:
@@ -235,8 +246,8 @@ def test_the_cuda_hooks_match_the_installed_0_32_source() -> None:
 
 
 def test_the_cuda_hooks_match_vllm_0_24_source() -> None:
-    root = Path(os.environ.get("VLLM_024_SRC", "/tmp/vllm024/src"))
-    if not (root / "vllm" / "lora" / "punica_wrapper" / "punica_gpu.py").exists():
-        pytest.skip(f"no unzipped vllm==0.24.0 wheel at {root} (pip download vllm==0.24.0 --no-deps; unzip)")
+    root = Path(os.environ.get("VLLM_024_SRC", ""))
+    if not (root / "vllm" / "lora" / "punica_wrapper" / "punica_gpu.py").is_file():
+        pytest.skip("set VLLM_024_SRC to an unzipped vllm==0.24.0 wheel (pip download vllm==0.24.0 --no-deps; unzip)")
     assert "__version__ = version = '0.24.0'" in (root / "vllm" / "_version.py").read_text()
     _check_source(root)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
-from skillpool.server.engines.vllm_mix.ops import mix_lora_reference, mix_lora_torch
+from skillpool.server.engines.vllm_mix.ops import MixOperands, mix_lora_reference, mix_lora_torch
 
 pytestmark = pytest.mark.vllm
 
@@ -41,6 +41,11 @@ class Batch:
     y: torch.Tensor
     empty: torch.Tensor  # rows whose whole mix is -1
     slices: tuple[int, ...]
+
+    def operands(self, y: torch.Tensor, device: str = "cpu") -> MixOperands:
+        """The batch's operands on `device`, adding into `y`."""
+        a, b = [t.to(device) for t in self.a], [t.to(device) for t in self.b]
+        return MixOperands(y, self.x.to(device), a, b, self.idx.to(device), self.w.to(device), self.slices)
 
 
 def make_batch(k: int, n_slices: int, dtype: torch.dtype, seed: int = 0) -> Batch:
@@ -87,15 +92,13 @@ def reference(batch: Batch) -> torch.Tensor:
     ref = batch.y.to(torch.float32, copy=True)
     a32 = [a.to(torch.float32) for a in batch.a]
     b32 = [b.to(torch.float32) for b in batch.b]
-    mix_lora_reference(ref, batch.x.to(torch.float32), a32, b32, batch.idx, batch.w, batch.slices)
+    mix_lora_reference(MixOperands(ref, batch.x.to(torch.float32), a32, b32, batch.idx, batch.w, batch.slices))
     return ref
 
 
 def run_triton(batch: Batch) -> torch.Tensor:
     y = batch.y.to(DEVICE, copy=True)
-    a = [t.to(DEVICE) for t in batch.a]
-    b = [t.to(DEVICE) for t in batch.b]
-    mix_lora_triton(y, batch.x.to(DEVICE), a, b, batch.idx.to(DEVICE), batch.w.to(DEVICE), batch.slices)
+    mix_lora_triton(batch.operands(y, DEVICE))
     return y.cpu()
 
 
@@ -125,10 +128,10 @@ def test_torch_path_matches_reference(k: int, n_slices: int) -> None:
     batch = make_batch(k, n_slices, torch.float32, seed=k * 10 + n_slices)
     batch.y[batch.empty] = batch.y[batch.empty].abs()  # the union GEMM adds an exact +0, which turns -0.0 into +0.0
     out = batch.y.clone()
-    mix_lora_torch(out, batch.x, batch.a, batch.b, batch.idx, batch.w, batch.slices)
+    mix_lora_torch(batch.operands(out))
     check(out, reference(batch), batch, rtol=1e-5, atol_rel=1e-5)
     again = batch.y.clone()
-    mix_lora_torch(again, batch.x, batch.a, batch.b, batch.idx, batch.w, batch.slices)
+    mix_lora_torch(batch.operands(again))
     assert torch.equal(again.view(torch.int32), out.view(torch.int32))
 
 
@@ -142,15 +145,20 @@ def test_runs_group_contiguous_equal_rows() -> None:
 
 def test_bad_shapes_are_refused() -> None:
     batch = make_batch(2, 3, torch.float32)
+    operands = batch.operands(batch.y)
+    with pytest.raises(ValueError, match="mix shapes disagree"):
+        replace(operands, idx=batch.idx[1:])
+    with pytest.raises(ValueError, match="columns"):
+        replace(operands, output_slices=batch.slices[1:])
     with pytest.raises(ValueError, match="lora_b"):
-        mix_lora_triton(batch.y, batch.x, batch.a, batch.b[::-1], batch.idx, batch.w, batch.slices)
+        mix_lora_triton(replace(operands, lora_b=batch.b[::-1]))
     with pytest.raises(ValueError, match="dtypes"):
-        mix_lora_triton(batch.y.to(torch.bfloat16), batch.x, batch.a, batch.b, batch.idx, batch.w, batch.slices)
+        mix_lora_triton(replace(operands, y=batch.y.to(torch.bfloat16)))
     for slot in (len(RANKS), -2):
         idx = batch.idx.clone()
         idx[0, 0] = slot
         with pytest.raises(ValueError, match="outside -1..5"):
-            mix_lora_triton(batch.y, batch.x, batch.a, batch.b, idx, batch.w, batch.slices)
+            mix_lora_triton(replace(operands, idx=idx))
 
 
 def test_padded_runs_give_the_same_bits() -> None:
@@ -161,5 +169,5 @@ def test_padded_runs_give_the_same_bits() -> None:
     t = batch.idx.shape[0]
     padded = torch.cat([run_start, torch.full((6,), t, dtype=torch.int32)])
     y = batch.y.clone()
-    mix_lora_triton(y, batch.x, batch.a, batch.b, batch.idx, batch.w, batch.slices, runs=(padded, t))
+    mix_lora_triton(batch.operands(y), runs=(padded, t))
     assert torch.equal(y.view(torch.int32), out.view(torch.int32))
