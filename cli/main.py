@@ -1,6 +1,6 @@
 """`skillpool` console script: the argparse tree, each command's module imported only when that command runs.
 
-serve -> skillpool.server.cli, worker -> skillpool.trainer.worker, upload -> skillpool.evaluation.upload,
+serve -> skillpool.server.cli, worker -> skillpool.trainer.jobs.worker, upload -> skillpool.evaluation.upload,
 eval routing|continual|answers|answers-compare -> skillpool.evaluation.routing|continual|answers|answers_compare.
 So `skillpool worker` never loads the server.
 Each module defines `add_arguments(parser)` and `run(args)`.
@@ -30,7 +30,7 @@ class Command:
 COMMANDS = {
     "serve": Command("skillpool.server.cli", "run the OpenAI-compatible server with an in-process trainer"),
     "worker": Command(
-        "skillpool.trainer.worker", "run a trainer worker that pulls jobs from Redis and writes to a shared store"
+        "skillpool.trainer.jobs.worker", "run a trainer worker that pulls jobs from Redis and writes to a shared store"
     ),
     "upload": Command(
         "skillpool.evaluation.upload", "upload a task file to a running server and follow the training job"

@@ -107,8 +107,8 @@ def _stem_id(stem: str) -> int:
 
 def stem_ids(words: Sequence[str]) -> np.ndarray:
     """Sorted unique ids of the words' first three letters or digits: "POS", "Positive" and "positive" share one.
-    Two label sets with the same stems are one output space spelled two ways (issue 46: POS/NEG against
-    positive/negative); a user who writes the other spelling asks the same task."""
+    Two label sets with the same stems are one output space spelled two ways (SuperNI's POS/NEG
+    against positive/negative); a user who writes the other spelling asks the same task."""
     stems = {_stem(w) for w in words} - {""}
     return np.unique(np.array([_stem_id(t) for t in stems], dtype=np.int64))
 

@@ -38,7 +38,7 @@ class RouterSettings:
     # 1st percentile of 64 scores is their minimum, too noisy for a per-skill threshold
     calibration_inputs: int = 300
     white_threshold_percentile: float = 1.0  # of those inputs' best held-out whitened score ...
-    white_threshold_margin: float = 0.07  # ... minus this margin (its sweep: docs/decisions.md)
+    white_threshold_margin: float = 0.07  # ... minus this margin (its sweep: docs/design/decisions.md)
     # skills stored without fold keys (before held-out calibration): their calibration inputs' in-sample
     # scores (the keys saw them), hence a wider margin
     white_insample_margin: float = 0.15

@@ -1,4 +1,5 @@
-"""Wiring: build the store, engine, router, routing stage, skill pool and trainer queue from a config."""
+"""Wiring: build the store, engine, router, routing stage, skill pool, skill-event bus and trainer queue from a
+config."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ from skillpool.adapters_store.store import SkillStore
 from skillpool.router.build import make_embedder, make_router
 from skillpool.router.embedder import Embedder
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.jobs import JobQueue, LocalJobQueue
-from skillpool.trainer.redis_jobs import RedisJobQueue
-from skillpool.trainer.runner import make_runner
-from skillpool.trainer.skill_trainer import SkillTrainer
+from skillpool.trainer.service import SkillTrainer, announcer, make_event_bus, make_job_queue, make_runner
 
 from .components import Components
 from .config import ServerConfig
@@ -122,6 +120,7 @@ def build_components(
     trainer: SkillTrainer | None = None,
 ) -> Components:
     """Everything a server needs; tests pass a tiny engine/base, production passes nothing."""
+    bus = make_event_bus(cfg.redis_url, cfg.redis_prefix)  # first: an unreachable Redis stops the start at once
     base = base or resolve_base_model(cfg.model)
     metrics = Metrics()
     store = SkillStore(cfg.data_dir)
@@ -130,19 +129,13 @@ def build_components(
     router = make_router(cfg.router, base, embedder, cfg.device)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
+    bus.subscribe(pool.on_event)
     # the gate generates with this engine: a skill is judged by the engine that will serve it
     trainer = trainer or SkillTrainer(store, router, base, device=cfg.device, judge=EngineJudge(engine))
     runner = make_runner(trainer, metrics, lambda: serving_busy(engine)) if cfg.run_trainer else None
     count = lambda j: metrics.training_jobs.labels(j.status).inc()  # noqa: E731
-    jobs: JobQueue
-    if cfg.redis_url:
-        jobs = RedisJobQueue(cfg.redis_url, runner, pool.register, count, pool.on_event, cfg.redis_prefix)
-    else:
-        if runner is None:
-            raise ValueError("without a Redis URL this server must run the trainer itself")
-        jobs = LocalJobQueue(
-            cfg.data_dir / "jobs", runner=runner, on_success=pool.register, on_finish=count, on_event=pool.on_event
-        )
+    stored = announcer(bus, pool.register)  # served here at once, then by every server that reads the bus
+    jobs = make_job_queue(cfg.redis_url, cfg.data_dir / "jobs", runner, stored, count, cfg.redis_prefix)
     on_cpu = resolve_device(cfg.device) == "cpu"
     chunk = cfg.routing_batch_size or (1 if on_cpu else cfg.max_batch_size)
     workers = cfg.router_threads if on_cpu else 1  # a GPU MiniLM batches instead
@@ -162,6 +155,6 @@ def build_components(
         chunk,
         workers,
     )
-    components = Components(cfg, base, store, engine, router, pool, jobs, routing, metrics, time.time())
+    components = Components(cfg, base, store, engine, router, pool, jobs, bus, routing, metrics, time.time())
     _ = components.files  # open the file store now: it sweeps the partial uploads of a server that was killed
     return components

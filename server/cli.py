@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from skillpool.trainer.threads import add_threads_argument, set_threads
+from skillpool.trainer.service import add_threads_argument, set_threads
 
 from .config import ServerConfig
 

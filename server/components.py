@@ -13,11 +13,11 @@ from fastapi import Request
 from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
-from skillpool.trainer.files import FileStore
-from skillpool.trainer.jobs import JobQueue
+from skillpool.trainer.service import JobQueue, SkillEventBus
 
 from .config import ServerConfig
 from .engines import Engine
+from .files import FileStore
 from .metrics import Metrics
 from .routing import RoutingStage
 from .skills import SkillPool
@@ -32,6 +32,7 @@ class Components:
     router: Router
     pool: SkillPool
     jobs: JobQueue
+    bus: SkillEventBus  # skill lifecycle events: what this server publishes and every server follows
     routing: RoutingStage
     metrics: Metrics
     started: float
@@ -44,6 +45,7 @@ class Components:
     def close(self) -> None:
         self.routing.close()
         self.jobs.close()
+        self.bus.close()
         self.engine.close()
 
 

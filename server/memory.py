@@ -2,7 +2,7 @@
 
 Pure arithmetic on numbers (total and free bytes, the model config, dtypes, the trainer's settings), so every
 decision is testable on a CPU; bootstrap.py reads the numbers from torch.cuda and calls these. The trainer's
-need is an estimate, not a measurement (the formula and what it leaves out: docs/gpu.md#the-memory-plan).
+need is an estimate, not a measurement (the formula and what it leaves out: docs/serving.md#the-gpu-memory-plan).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 DELETE retires a skill, POST …/rollback serves an earlier version again (admin).
 
 Retire and rollback write the shared store's state first (adapters_store: nothing is deleted), act on this
-server, then publish an event so that every other server follows without a restart; a server that was
-down reads the same state when it starts.
+server, then publish an event on the skill-event bus (trainer.bus) so that every other server follows without
+a restart; a server that was down reads the same state when it starts.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
     require(request, "admin", "deleting a model")
     c.store.retire(name)
     c.pool.unregister(name)
-    await asyncio.to_thread(c.jobs.publish, SkillRetired(name))
+    await asyncio.to_thread(c.bus.publish, SkillRetired(name))
     return {"id": model_id, "object": "model", "deleted": True}
 
 
@@ -139,5 +139,5 @@ async def rollback_model(request: Request, model_id: str, body: Rollback | None 
     except KeyError:
         raise APIError(404, f"'{model_id}' has no version {version}", "version", "version_not_found") from None
     c.pool.register(rec)
-    await asyncio.to_thread(c.jobs.publish, SkillActivated(name, rec.version))
+    await asyncio.to_thread(c.bus.publish, SkillActivated(name, rec.version))
     return {**_skill_object(c, rec), **_versions(c, name)}

@@ -56,8 +56,8 @@ def test_packages_import_only_the_layers_below_them() -> None:
 
 
 def test_the_worker_command_reaches_no_server_module_in_its_source() -> None:
-    """The static closure of trainer.worker (imports inside functions too: what `run` loads when it runs)."""
-    seen, todo = set(), ["skillpool.trainer.worker"]
+    """The static closure of trainer.jobs.worker (imports inside functions too: what `run` loads when it runs)."""
+    seen, todo = set(), ["skillpool.trainer.jobs.worker"]
     while todo:
         module = todo.pop()
         f = _module_file(module)
@@ -65,7 +65,7 @@ def test_the_worker_command_reaches_no_server_module_in_its_source() -> None:
             continue
         seen.add(module)
         todo.extend(_imports(f))
-    assert "skillpool.trainer.worker" in seen
+    assert "skillpool.trainer.jobs.worker" in seen
     assert not [m for m in seen if m.startswith("skillpool.server")], sorted(seen)
 
 
@@ -75,7 +75,8 @@ def test_skillpool_worker_loads_no_server_module() -> None:
         "import sys\n"
         "from skillpool.cli.main import main\n"
         "try:\n    main(['worker', '--help'])\nexcept SystemExit:\n    pass\n"
-        "import skillpool.trainer.worker, skillpool.trainer.runner, skillpool.trainer.redis_jobs\n"
+        "import skillpool.trainer.jobs.worker, skillpool.trainer.jobs.runner, skillpool.trainer.jobs.redis_queue\n"
+        "import skillpool.trainer.bus\n"
         "import skillpool.trainer.skill_trainer, skillpool.router.build\n"
         "print(sorted(m for m in sys.modules if m.startswith('skillpool.server')))\n"
     )

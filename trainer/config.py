@@ -43,7 +43,7 @@ class TrainConfig:
     max_seq_len: int = 512
     # recompute each decoder layer's activations in backward instead of keeping them. "auto": on the CPU for
     # the steps whose padded batch holds at least 2,048 tokens (Schedule.checkpoint_tokens), off on a GPU:
-    # smaller batches fit without it and pay the most for it (docs/decisions.md#gradient-checkpointing-auto)
+    # smaller batches fit without it and pay the most for it (docs/design/decisions.md#gradient-checkpointing-auto)
     gradient_checkpointing: str = "auto"
     warmup_ratio: float = 0.06
     weight_decay: float = 0.0
@@ -54,13 +54,14 @@ class TrainConfig:
     seed: int = 0
     # share of the training rows also shown in another wording (input alone, instruction as a system message or
     # after the input, a rewording keeping the label set: trainer/prompt_variants.py), so a skill answers users who
-    # do not copy its template; 0.0 trains on the rows as uploaded only (docs/answers.md#training-on-variants)
+    # do not copy its template; 0.0 trains on the rows as uploaded only (docs/skills.md#prompt-variants)
     prompt_variants: float = 1.0
     # True: each such variant is one more row beside its uploaded row (the uploaded wording keeps all its
     # training; the steps grow by the share); False: it replaces the row (same steps, measured to cost accuracy)
     prompt_variants_added: bool = True
-    # with added variants: how many wordings of different kinds follow each chosen row (each one more row); 2 held
-    # issue 46's bar routed on all 12 Long Sequence tasks, 1 did not (docs/answers.md#all-12-at-2-copies-the-default)
+    # with added variants: how many wordings of different kinds follow each chosen row (each one more row); 2
+    # met the paraphrase-gap criterion routed on all 12 Long Sequence tasks, 1 did not
+    # (docs/benchmarks.md#answers-under-paraphrase)
     prompt_variant_copies: int = 2
     # quality gate (trainer/quality.py)
     quality_min_gain: float = 0.05  # held-out score must beat max(base model, most frequent answer) by this
@@ -77,12 +78,13 @@ class TrainConfig:
     kif_start_probe: int = 16  # new-task rows that score the candidate starts (0: always the blocks' mix)
     kif_start_margin: float = 0.02  # a start from blocks must beat fresh's probe loss by this share
     # > 0: the probe's pick and fresh each train this many cycles, then the lower held-out loss (by the margin)
-    # trains on. Off by default: it also kept fresh a task a block's start served better (docs/continual-learning.md)
+    # trains on. Off by default: it also kept fresh a task a block's start served better
+    # (docs/benchmarks.md#continual-learning)
     kif_start_trial: int = 0
     # where the block starts: "similar" (the probe's pick among the nearest blocks, their mix and fresh) or "latest"
     # (the newest earlier block of the task's answer kind, taken whole, no probe). "latest" chains the blocks the
     # way one LoRA trained in turn carries its transfer, with every step frozen as its task's own block. Off by
-    # default: it hardly moved the sequences' average score (docs/continual-learning.md)
+    # default: it hardly moved the sequences' average score (docs/skills.md#methods)
     kif_start: str = "similar"
     # method sapt (trainer/methods/sapt.py)
     sapt_route_weight: float = 1.0  # cross-entropy sending the task's inputs to its own block, beside the LM loss

@@ -3,7 +3,7 @@
 A training step's activations are many short-lived tensors; glibc keeps the pages they used in its
 arenas after they are freed, so a server that trained one long-sequence task kept that peak
 footprint for good. So after every job (and every in-process baseline fit) we collect and trim once
-(what it saves: docs/decisions.md, the heap trim).
+(what it saves: docs/design/decisions.md, the heap trim).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class Schedule:
     # recompute each decoder layer's activations in backward instead of keeping them (TrainConfig's
     # gradient_checkpointing); None ("auto"): on the CPU, for the steps whose padded batch (rows × width) holds
     # at least `checkpoint_tokens` tokens. Those set the peak; shorter ones fit without it and pay the most for
-    # it (measured: docs/decisions.md)
+    # it (measured: docs/design/decisions.md)
     checkpointing: bool | None = None
     checkpoint_tokens: int = 2048
 

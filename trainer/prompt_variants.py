@@ -1,4 +1,4 @@
-"""Training rows in the wordings a user would plausibly send (issue 46; TrainConfig.prompt_variants, on by default).
+"""Training rows in the wordings a user would plausibly send (TrainConfig.prompt_variants, on by default).
 
 A skill trained on one instruction template copies wording from a paraphrased prompt instead of answering
 with its label. `with_variants` shows a seeded share of the training rows in another wording, instead of as
@@ -85,7 +85,7 @@ def label_set(answers: Sequence[str]) -> list[str]:
 
 def _respell(text: str, labels: Sequence[str], rng: random.Random) -> str:
     """The labels the stem mentions in another case ("POS" → "pos"), so the skill answers in its own spelling
-    when the prompt spells them otherwise (issue 46 item 4); the answer keeps the training spelling."""
+    when the prompt spells them otherwise; the answer keeps the training spelling."""
     how = rng.choice((str.lower, str.title, str.upper))
     for label in sorted(labels, key=len, reverse=True):
         text = re.sub(rf"(?<!\w){re.escape(label)}(?!\w)", how(label), text)

@@ -1,7 +1,7 @@
 """SAPT pseudo replay: a small generator LoRA per skill learns to emit the skill's inputs after `__gen__`.
 
 Sampling from it stands in for stored samples when a skill's real inputs may not be kept
-(shared/docs/algorithms.md §2). Real stored samples remain the default replay source.
+(SAPT's generative replay; docs/routing.md). Real stored samples remain the default replay source.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from skillpool.router import Decision
-from skillpool.trainer.datasets import route_text
+from skillpool.router.texts import route_text
 
 from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, RequestTooLarge
 from ..errors import APIError

@@ -1,7 +1,7 @@
 """The `vllm` engine: vLLM's AsyncLLM (paged attention, continuous batching, multi-LoRA) behind our contract.
 
 On a vLLM the vllm_mix plugin supports, mixes are exact: each skill is one resident LoRA slot (vllm_mix/slots.py)
-and a request carries its (slot, weight) pairs into vLLM's LoRA layers (docs/vllm-mixes.md). Otherwise (the
+and a request carries its (slot, weight) pairs into vLLM's LoRA layers (docs/design/vllm-mix-plugin.md). Otherwise (the
 fallback) vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
 (adapters_store/concat.py), planned and cached by vllm_adapters.py: weights on a 1/16 grid, one folder per distinct
 plan with a never-reused LoRA id, held while requests use it. AsyncLLM lives on its own event loop in a

@@ -1,5 +1,5 @@
 """/v1/files: upload, list, retrieve, download and delete training files (OpenAI's Files API, `fine-tune`
-purpose only). The bytes live in the shared data dir (trainer.files); jobs validate them line by line."""
+purpose only). The bytes live in the shared data dir (server.files); jobs validate them line by line."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
-from skillpool.trainer.files import PURPOSES, FileStore, StoredFile
-
 from ..auth import Principal, principal_of, require
 from ..components import components
 from ..errors import APIError
+from ..files import PURPOSES, FileStore, StoredFile
 from .protocol import FileDeleted, FileObject, page
 
 if TYPE_CHECKING:

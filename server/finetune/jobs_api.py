@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, BackgroundTasks, Query, Request
 
-from skillpool.trainer.jobs import Job
-from skillpool.trainer.records import TERMINAL
+from skillpool.trainer.service import TERMINAL, Job
 
 from ..auth import Principal, principal_of, require
 from ..components import components

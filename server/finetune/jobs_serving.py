@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Any
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.trainer.config import DEFAULT_METHOD, TrainConfig
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
-from skillpool.trainer.failures import describe
-from skillpool.trainer.jobs import Job, new_job_id
-from skillpool.trainer.records import TERMINAL, Example, JobStatus
+from skillpool.trainer.service import TERMINAL, Example, Job, JobStatus, describe, new_job_id
 
 from ..auth import Principal
 from ..errors import APIError, parse_json

@@ -14,8 +14,7 @@ from starlette.datastructures import UploadFile
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.trainer.config import DEFAULT_METHOD, TrainConfig
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
-from skillpool.trainer.jobs import Job
-from skillpool.trainer.records import TERMINAL, Example
+from skillpool.trainer.service import TERMINAL, Example, Job
 
 from ..auth import Principal, principal_of, require
 from ..errors import APIError, parse_json

@@ -14,8 +14,7 @@ from fastapi.testclient import TestClient
 
 from skillpool.server.app import create_app
 from skillpool.server.auth import KeyRing
-from skillpool.trainer.jobs import Job, new_job_id
-from skillpool.trainer.records import TERMINAL, JobStatus
+from skillpool.trainer.service import TERMINAL, Job, JobStatus, new_job_id
 from tests.adapters_store.test_store import draft
 from tests.conftest import sst2_lines, until
 

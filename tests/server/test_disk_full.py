@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from skillpool.trainer import jobs as jobs_module
+from skillpool.trainer.jobs import local_queue
 from tests.conftest import sst2_lines, until, wait_job
 from tests.disk import fill, small_tmpfs, temp_leftovers
 
@@ -40,7 +40,7 @@ def _chat(http: TestClient, model: str) -> Any:
 def test_a_full_disk_is_contained_and_a_skill_trains_once_space_is_back(  # type: ignore[no-untyped-def]
     tiny_base, embedder, tmp_path: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(jobs_module, "RETRY_SAVE_S", 0.5)
+    monkeypatch.setattr(local_queue, "RETRY_SAVE_S", 0.5)
     with small_tmpfs(tmp_path / "data", "8m") as data:
         cfg = ServerConfig(data_dir=data, max_upload_bytes=300_000, default_max_tokens=8)
         c = build_components(cfg, base=tiny_base, embedder=embedder)

@@ -19,8 +19,8 @@ from skillpool.server.auth import (
     parse_keys,
     required_role,
 )
-from skillpool.trainer.files import FileStore
-from skillpool.trainer.jobs import Job
+from skillpool.server.files import FileStore
+from skillpool.trainer.service import Job
 
 
 def test_a_keys_file_with_comments_and_blank_lines() -> None:

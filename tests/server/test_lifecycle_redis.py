@@ -1,18 +1,21 @@
 """Two servers on one shared store and a real Redis: a fine-tuning job trained by one is served by both, and
-retire and rollback on either reach the other without a restart."""
+retire and rollback through either's admin API reach the other, over the skill-event bus, without a restart."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import replace
 
+import torch
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from skillpool.trainer.events import Resync
+from skillpool.trainer.events import SkillRegistered
+from skillpool.trainer.service import RedisEventBus
+from tests.adapters_store.test_store import draft
 from tests.conftest import dataset_dir, until
 
 
@@ -52,13 +55,31 @@ def test_retire_and_rollback_reach_every_server(redis_url, tiny_base, embedder, 
         b.close()
 
 
-def test_the_event_listener_resyncs_periodically(redis_url) -> None:  # type: ignore[no-untyped-def]
-    """The stream is trimmed, so the listener also asks for a periodic resync with the store."""
-    from skillpool.trainer.redis_jobs import RedisJobQueue
-
-    seen: list[dict[str, object]] = []
-    queue = RedisJobQueue(redis_url, None, on_event=seen.append, prefix=f"t-{uuid.uuid4().hex[:8]}", resync_s=0.2)
+def test_a_retire_through_the_admin_api_reaches_a_second_server_through_the_bus(
+    redis_url, tiny_base, embedder, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    cfg = ServerConfig(data_dir=tmp_path, redis_url=redis_url, redis_prefix=prefix, run_trainer=False)
+    a = build_components(cfg, base=tiny_base, embedder=embedder)
+    b = build_components(cfg, base=tiny_base, embedder=embedder)
+    worker = RedisEventBus(redis_url, prefix)  # what `skillpool worker` publishes once it stored a skill
+    keys = torch.from_numpy(embedder.embed(["a film review: great acting", "a film review: dull plot"]))
+    skill = draft("shared-skill")  # stored as a worker stores one: keys of this embedder, this base model
+    meta = {**skill.meta, "base_model": {"id": "tiny-llama", "fingerprint": tiny_base.fingerprint}}
+    skill = replace(skill, meta=meta, router_tensors={"centroid_keys": keys, "threshold": torch.tensor([0.4])})
     try:
-        until(lambda: Resync() in seen, timeout=10)
+        rec = a.store.write(skill)  # the shared store: one data dir for both servers
+        worker.publish(SkillRegistered(rec.name, rec.version))
+        until(lambda: a.pool.get("shared-skill") is not None and b.pool.get("shared-skill") is not None)
+        with TestClient(create_app(a)) as ha, TestClient(create_app(b)) as hb:
+            assert ha.delete("/v1/models/shared-skill").status_code == 200  # retired on A ...
+            until(lambda: b.pool.get("shared-skill") is None)  # ... B stops serving it
+            assert "shared-skill" not in [m["id"] for m in hb.get("/v1/models").json()["data"]]
+            assert b.store.serving("shared-skill") is None and not b.router.skills
+            r = hb.post("/v1/models/shared-skill/rollback", json={})  # served again through B ...
+            assert r.status_code == 200, r.text
+            until(lambda: a.pool.get("shared-skill") is not None)  # ... and A follows
     finally:
-        queue.close()
+        worker.close()
+        a.close()
+        b.close()

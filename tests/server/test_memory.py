@@ -18,7 +18,7 @@ from skillpool.server.memory import (
 )
 from skillpool.trainer.config import TrainConfig
 
-# LLaMA-2-7B's config (the shape issue 44 names), built here: no checkpoint needed for arithmetic
+# LLaMA-2-7B's config (the GPU memory plan's worked example), built here: no checkpoint needed for arithmetic
 LLAMA_7B = ModelShape.from_config(
     LlamaConfig(
         hidden_size=4096,

@@ -10,7 +10,7 @@ import pytest
 from skillpool.adapters_store.store import SkillRecord
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.heap import ENV, release_freed_memory
-from skillpool.trainer.jobs import Job, run_job
+from skillpool.trainer.jobs.job import Job, run_job
 from skillpool.trainer.loop import Cancelled
 from skillpool.trainer.records import JobStatus
 

@@ -1,4 +1,4 @@
-"""trainer/prompt_variants.py: the other wordings a skill trains on (issue 46, TrainConfig.prompt_variants)."""
+"""trainer/prompt_variants.py: the other wordings a skill trains on (TrainConfig.prompt_variants)."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def test_zero_fraction_keeps_todays_token_sequences(tiny_base) -> None:  # type:
 
 
 def test_the_fraction_is_a_checked_hyperparameter() -> None:
-    # on by default: each row's variant beside it (issue 46's measured config)
+    # on by default: each row's variants beside it (the config the paraphrase-gap criterion was measured at)
     assert (TrainConfig().prompt_variants, TrainConfig().prompt_variants_added) == (1.0, True)
     assert TrainConfig.from_dict({"prompt_variants": 1}).prompt_variants == 1.0
     for bad in (-0.1, 1.5):

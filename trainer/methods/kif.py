@@ -11,7 +11,7 @@ the memory relies on. Only the trainable parameters (the new block) are fused; o
 
 The default share is 1.0, which keeps both updates whole. The paper masks because every task shares one
 model; in skillpool each block is its task's own and earlier blocks are frozen, so a mask only cuts what the
-new task learns (docs/continual-learning.md). What remains is the start from similar blocks and the memory's
+new task learns (docs/skills.md#methods). What remains is the start from similar blocks and the memory's
 outer steps. At share 1.0 the fusion is the identity (start + τ_in + τ_out is where the cycle ended) and the
 importance it would rank by goes unused, so the loop skips both: no per-step EMA over every tensor, no
 snapshots, no sorts, which on a GPU are hundreds of small kernel launches a step.

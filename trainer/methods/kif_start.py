@@ -158,7 +158,7 @@ def choose_start(
     apply: bool = True,
 ) -> StartChoice:
     """Seed the new block from earlier blocks only where that helps the new task (starting from the nearest
-    blocks transferred negatively on tasks they did not help: docs/continual-learning.md). Every candidate start is scored
+    blocks transferred negatively on tasks they did not help: docs/skills.md#methods). Every candidate start is scored
     by its answer loss on `probe`, rows of the new task seen before any training step; the best one wins
     if its loss is below fresh's by the relative `margin`, else the block starts fresh (PEFT's init,
     restored exactly). A block of the same format but another label set is confidently wrong on the new

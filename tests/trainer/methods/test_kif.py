@@ -184,8 +184,8 @@ def test_one_cycle_changes_only_the_masked_coordinates(tiny_base, tok) -> None: 
 
 def test_default_fusion_keeps_the_whole_cycle(tiny_base, tok) -> None:  # type: ignore[no-untyped-def]
     """By default (top_q 1.0) the fusion keeps every coordinate of both updates: θ ends where the cycle's task
-    steps and memory step left it, so the new task's learning is not cut (issue 18: relation extraction 50.4
-    under top_q 0.2 against 88.0 trained alone)."""
+    steps and memory step left it, so the new task's learning is not cut (SuperNI relation extraction scored
+    50.4 under top_q 0.2 against 88.0 trained alone)."""
     assert KIFSettings().top_q == 1.0 and TrainConfig().kif_top_q == 1.0
     model = peft_model(tiny_base, rank=4)
     start = trainable(model)

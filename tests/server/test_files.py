@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from skillpool.trainer.files import FileStore
+from skillpool.server.files import FileStore
 
 
 def test_files_round_trip_and_survive_a_new_store(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The Redis-backed job queue: servers enqueue, trainer workers on any machine pull, events fan out.
+"""The Redis-backed job queue: servers enqueue, trainer workers on any machine pull.
 
 Keys live under a prefix (default "skillpool"); trainer/keys.py names them all. Workers and servers share
 the skill store (a volume or object storage mounted at the same data dir).
@@ -10,12 +10,10 @@ any worker sweeps; each start counts as a try and a job that was started `max_tr
 reason. The job's data stays until the job ends, the queue depth is the two lists' lengths (nothing to leak),
 and a retried job first looks for a skill version its earlier try already wrote, so a version is written once.
 
-When a worker stores a skill it appends SkillRegistered to the events stream; retiring a skill or rolling
-it back appends SkillRetired or SkillActivated (trainer.events). Every server reads the stream from the last
-id it saw, so one that was disconnected gets what it missed when it is back; every `resync_s` the listener
-also hands on_event Resync() (the stream is trimmed): the server then serves exactly what the store says.
+A job that ends stored hands its skill to `on_success` (the worker's start-up announces it on the skill-event
+bus, trainer.bus).
 
-A job reserves its skill's name across every server (trainer.reservations): `skill:<name>` holds its id, set
+A job reserves its skill's name across every server (trainer.jobs.reservations): `skill:<name>` holds its id, set
 only if no live job holds it (a holder whose record has ended is replaced), deleted when the job ends. Until the
 job's record exists the key has a TTL, so a server that dies while creating a job frees the name by itself.
 """
@@ -31,23 +29,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import redis
 
 from skillpool.adapters_store.store import SkillRecord
 
-from .config import TrainConfig, as_recorded_now
-from .events import Resync, SkillEvent, SkillRegistered, from_wire, to_wire
+from ..config import TrainConfig, as_recorded_now
+from ..keys import DEFAULT_PREFIX, RedisKeys
+from ..records import TERMINAL, Example, JobStatus
 from .failures import describe
-from .jobs import Job, Runner, run_job
-from .keys import DEFAULT_PREFIX, RedisKeys
-from .records import TERMINAL, Example, JobStatus
+from .job import Job, Runner, run_job
 from .reservations import CREATION_GRACE_S, RELEASE_SCRIPT, RESERVE_SCRIPT
 
 log = logging.getLogger(__name__)
-
-EVENTS_MAXLEN = 10_000  # events kept in the stream (approximately); older ones are covered by the resync
 
 # KEYS: queue, processing; ARGV: lease key prefix, worker id, lease ms. Move the oldest job to processing and
 # lease it in one step, so no sweep can see it in processing without a lease.
@@ -82,13 +76,11 @@ class RedisJobQueue:
         runner: Runner | None,
         on_success: Callable[[SkillRecord], None] | None = None,
         on_finish: Callable[[Job], None] | None = None,
-        on_event: Callable[[SkillEvent], None] | None = None,
         prefix: str = DEFAULT_PREFIX,
-        resync_s: float = 60.0,
         lease_s: float = 30.0,
         max_tries: int = 3,
     ) -> None:
-        """`runner` None: enqueue only (no worker here). `on_event`: called for every skill event.
+        """`runner` None: enqueue only (no worker here). `on_success`: a job stored this skill version.
         `lease_s`: how long a silent worker keeps its job (it renews every third of that while alive)."""
         if lease_s <= 0 or max_tries < 1:
             raise ValueError("lease_s must be > 0 and max_tries >= 1")
@@ -99,22 +91,16 @@ class RedisJobQueue:
         except redis.RedisError as e:
             raise ConnectionError(f"cannot reach Redis at {url}: {e}") from e
         self.keys = RedisKeys(prefix)
-        self.runner, self.on_success, self.on_finish, self.on_event = runner, on_success, on_finish, on_event
-        self.resync_s, self.lease_s, self.max_tries = resync_s, lease_s, max_tries
+        self.runner, self.on_success, self.on_finish = runner, on_success, on_finish
+        self.lease_s, self.max_tries = lease_s, max_tries
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         scripts = (_CLAIM, _SWEEP, _RENEW, RESERVE_SCRIPT, RELEASE_SCRIPT)
         self._claim, self._sweep, self._renew, self._reserve, self._release = map(self.r.register_script, scripts)
         self._closed = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._worker: threading.Thread | None = None
         if runner is not None:
             self._worker = threading.Thread(target=self._work, name="skillpool-trainer", daemon=True)
-            self._threads.append(self._worker)
-        if on_event is not None:
-            self._last_event = self._stream_tail()  # what happened before this server loaded the store is in it
-            self._threads.append(threading.Thread(target=self._listen, name="skillpool-events", daemon=True))
-        for t in self._threads:
-            t.start()
+            self._worker.start()
 
     # --- records ------------------------------------------------------------------------------
     def _save(self, job: Job) -> None:
@@ -190,9 +176,6 @@ class RedisJobQueue:
         # claimed: its worker sees the cancel key (or, if that worker is gone, the next one does)
         return self.get(job_id)
 
-    def publish(self, event: SkillEvent) -> None:
-        self.r.xadd(self.keys.events, {"event": to_wire(event)}, maxlen=EVENTS_MAXLEN, approximate=True)
-
     def close(self) -> None:
         self._closed.set()
 
@@ -212,7 +195,6 @@ class RedisJobQueue:
     def _succeeded(self, record: SkillRecord) -> None:
         if self.on_success is not None:
             self.on_success(record)
-        self.publish(SkillRegistered(record.name, record.version))
 
     def sweep(self) -> builtins.list[str]:
         """Requeue claimed jobs whose lease expired (their worker is gone); returns their ids."""
@@ -319,38 +301,6 @@ class RedisJobQueue:
                 self._succeeded,
                 stop,
             )
-
-    # --- events -------------------------------------------------------------------------------
-    def _stream_tail(self) -> str:
-        try:
-            last = self.r.xrevrange(self.keys.events, count=1)
-        except redis.RedisError:
-            return "0-0"  # Redis is down now: read from the start when it is back (the handlers are idempotent)
-        return str(last[0][0]) if last else "0-0"
-
-    def _listen(self) -> None:
-        assert self.on_event is not None
-        next_resync = time.monotonic() + self.resync_s
-        while not self._closed.is_set():
-            if time.monotonic() >= next_resync:
-                next_resync = time.monotonic() + self.resync_s
-                try:
-                    self.on_event(Resync())
-                except Exception:
-                    log.exception("resync with the skill store failed")
-            try:
-                reply: Any = self.r.xread({self.keys.events: self._last_event}, count=100, block=1000)
-            except redis.RedisError:
-                self._closed.wait(1)  # the next read starts from the last id seen: nothing is lost meanwhile
-                continue
-            for _stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    self._last_event = str(entry_id)
-                    try:
-                        if (event := from_wire(fields["event"])) is not None:
-                            self.on_event(event)
-                    except Exception:
-                        log.exception("event handler failed for %s", fields)
 
 
 class _Lease:

@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from skillpool.adapters_store.store import SkillRecord
 
-from .jobs import Job, Runner
-from .skill_trainer import SkillTrainer
+from ..skill_trainer import SkillTrainer
+from .job import Job, Runner
 
 
 class TrainingObserver(Protocol):

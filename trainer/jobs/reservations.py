@@ -13,11 +13,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from .records import TERMINAL, JobStatus
+from ..records import TERMINAL, JobStatus
 
 CREATION_GRACE_S = 600.0  # a holder not recorded yet (being created) keeps its name this long at most
 
-# The Redis queue's reservations (trainer.redis_jobs). KEYS: skill; ARGV: job id, job record key prefix, grace ms.
+# The Redis queue's reservations (trainer.jobs.redis_queue). KEYS: skill; ARGV: job id, job record key prefix, grace ms.
 # Take the name unless a job that has not ended holds it (a holder with no record yet is being created: it keeps
 # the name while the key's TTL lasts; recording the job removes the TTL).
 RESERVE_SCRIPT = """

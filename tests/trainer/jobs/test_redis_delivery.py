@@ -1,6 +1,5 @@
 """At-least-once delivery on a real Redis: a claimed job whose worker went silent is run by another worker,
-a job started too often fails with the reason, nothing the job held outlives it, and skill events published
-while a server could not read reach it afterwards."""
+a job started too often fails with the reason, and nothing the job held outlives it."""
 
 from __future__ import annotations
 
@@ -15,10 +14,9 @@ import redis
 
 from skillpool.adapters_store.store import SkillRecord
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.events import SkillActivated, SkillRegistered, SkillRetired
-from skillpool.trainer.jobs import Job, new_job_id
+from skillpool.trainer.jobs.job import Job, new_job_id
+from skillpool.trainer.jobs.redis_queue import _CLAIM, RedisJobQueue
 from skillpool.trainer.records import TERMINAL, JobStatus
-from skillpool.trainer.redis_jobs import _CLAIM, RedisJobQueue
 from tests.conftest import until
 
 
@@ -146,54 +144,6 @@ def test_cancelling_a_job_whose_worker_died_ends_it(redis_url: str) -> None:
     finally:
         worker.close()
         q.close()
-
-
-def test_skill_events_published_while_a_server_cannot_read_reach_it_later(redis_url: str) -> None:
-    prefix = f"t-{uuid.uuid4().hex[:8]}"
-    seen: list[dict[str, Any]] = []
-    server = RedisJobQueue(redis_url, None, on_event=seen.append, prefix=prefix, resync_s=3600)
-    other = RedisJobQueue(redis_url, None, prefix=prefix)
-    real_xread = server.r.xread
-    cut = threading.Event()
-
-    def xread(*a: Any, **kw: Any) -> Any:  # this server's connection is down; Redis and the others are not
-        if cut.is_set():
-            raise redis.ConnectionError("connection lost")
-        return real_xread(*a, **kw)
-
-    server.r.xread = xread  # type: ignore[method-assign]
-    try:
-        other.publish(SkillRegistered("a", 1))
-        until(lambda: len(seen) == 1, timeout=10)
-        cut.set()
-        time.sleep(1.5)  # the listener is failing now
-        other.publish(SkillRetired("a"))
-        other.publish(SkillActivated("b", 2))
-        time.sleep(1.5)
-        assert len(seen) == 1
-        cut.clear()
-        until(lambda: len(seen) == 3, timeout=10)
-        assert seen[:3] == [SkillRegistered("a", 1), SkillRetired("a"), SkillActivated("b", 2)]
-    finally:
-        server.close()
-        other.close()
-
-
-def test_events_keep_their_wire_format_and_unknown_types_are_skipped() -> None:
-    """Servers of this and the previous release follow one stream: the JSON spelling is unchanged."""
-    import json
-
-    from skillpool.trainer.events import Resync, from_wire, to_wire
-
-    for event, wire in [
-        (SkillRegistered("a", 3), {"type": "skill_registered", "name": "a", "version": 3}),
-        (SkillRetired("a"), {"type": "skill_retired", "name": "a"}),
-        (SkillActivated("b", 2), {"type": "skill_activated", "name": "b", "version": 2}),
-        (Resync(), {"type": "resync"}),
-    ]:
-        assert json.loads(to_wire(event)) == wire and from_wire(json.dumps(wire)) == event
-    assert from_wire(json.dumps({"type": "skill_renamed", "name": "a"})) is None
-    assert from_wire(json.dumps({"type": "skill_registered", "name": "a", "version": "4"})) == SkillRegistered("a", 4)
 
 
 def test_a_job_queued_before_a_config_field_existed_trains_as_it_was_queued(redis_url: str) -> None:

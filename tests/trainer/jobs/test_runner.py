@@ -29,8 +29,8 @@ def test_an_in_process_trainer_yields_its_steps_to_serving_but_not_forever(tmp_p
     import threading
 
     from skillpool.trainer.config import TrainConfig
-    from skillpool.trainer.jobs import Job
-    from skillpool.trainer.runner import make_runner
+    from skillpool.trainer.jobs.job import Job
+    from skillpool.trainer.jobs.runner import make_runner
 
     job = Job(id="job-1", skill="s", method="isolated", config={})
     busy = threading.Event()
@@ -50,8 +50,8 @@ def test_a_retried_job_reuses_the_version_its_earlier_try_stored(tmp_path: Path)
     import threading
 
     from skillpool.trainer.config import TrainConfig
-    from skillpool.trainer.jobs import Job
-    from skillpool.trainer.runner import make_runner
+    from skillpool.trainer.jobs.job import Job
+    from skillpool.trainer.jobs.runner import make_runner
 
     steps = _Steps(threading.Event(), SkillStore(tmp_path))
     runner = make_runner(steps)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from skillpool.trainer.jobs import MAX_METRIC_EVENTS, Job, _log_gate
+from skillpool.trainer.jobs.job import MAX_METRIC_EVENTS, Job, _log_gate
 from skillpool.trainer.records import JobStatus
 
 

@@ -18,12 +18,13 @@ import torch
 
 from skillpool.adapters_store.diskio import StorageError
 from skillpool.adapters_store.store import SkillDraft, SkillRecord, SkillStore
-from skillpool.trainer import jobs as jobs_module
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.failures import describe
-from skillpool.trainer.jobs import Job, LocalJobQueue, new_job_id
+from skillpool.trainer.jobs import local_queue
+from skillpool.trainer.jobs.failures import describe
+from skillpool.trainer.jobs.job import Job, new_job_id
+from skillpool.trainer.jobs.local_queue import LocalJobQueue
+from skillpool.trainer.jobs.redis_queue import RedisJobQueue
 from skillpool.trainer.records import TERMINAL, JobStatus
-from skillpool.trainer.redis_jobs import RedisJobQueue
 from tests.conftest import until
 from tests.disk import fill, small_tmpfs, temp_leftovers
 
@@ -57,7 +58,7 @@ def _on_disk(q: LocalJobQueue, job: Job) -> dict[str, Any]:
 
 
 def test_a_full_disk_fails_the_job_not_the_worker_and_the_record_follows(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(jobs_module, "RETRY_SAVE_S", 0.2)
+    monkeypatch.setattr(local_queue, "RETRY_SAVE_S", 0.2)
     with small_tmpfs(tmp_path / "data", "2m") as data:
         store = SkillStore(data)
         ballast: list[Path] = []

@@ -1,6 +1,7 @@
 """`skillpool worker`: a trainer process that pulls jobs from Redis and writes skills to the shared store.
 
-It imports nothing of the server: the job runner is trainer.runner, the router is built by router.build.
+Each skill it stores is announced on the skill-event bus (the Redis stream every server reads). It imports
+nothing of the server: the job runner is trainer.jobs.runner, the router is built by router.build.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 
 from skillpool.router.flags import add_router_flags, router_settings
 
-from .keys import DEFAULT_PREFIX
-from .threads import add_threads_argument, set_threads
+from ..keys import DEFAULT_PREFIX
+from ..threads import add_threads_argument, set_threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,9 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from skillpool.adapters_store.store import SkillStore
     from skillpool.router.build import make_router
 
-    from .redis_jobs import RedisJobQueue
+    from ..bus import RedisEventBus, announcer
+    from ..skill_trainer import SkillTrainer
+    from .redis_queue import RedisJobQueue
     from .runner import make_runner
-    from .skill_trainer import SkillTrainer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,8 +62,14 @@ def run(args: argparse.Namespace) -> int:
     trainer = SkillTrainer(
         store, make_router(router_settings(args), base, device=args.device), base, device=args.device, sync_router=True
     )
+    bus = RedisEventBus(args.redis_url, args.redis_prefix)  # every server serves a stored skill once it reads it
     queue = RedisJobQueue(
-        args.redis_url, make_runner(trainer), prefix=args.redis_prefix, lease_s=args.lease_s, max_tries=args.max_tries
+        args.redis_url,
+        make_runner(trainer),
+        announcer(bus),
+        prefix=args.redis_prefix,
+        lease_s=args.lease_s,
+        max_tries=args.max_tries,
     )
     print(
         f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}",
@@ -75,4 +83,5 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     queue.close()
+    bus.close()
     return 0

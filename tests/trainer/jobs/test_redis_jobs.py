@@ -16,8 +16,9 @@ from skillpool.router import Router
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from skillpool.trainer.redis_jobs import RedisJobQueue
-from skillpool.trainer.runner import make_runner
+from skillpool.trainer.bus import RedisEventBus, announcer
+from skillpool.trainer.jobs.redis_queue import RedisJobQueue
+from skillpool.trainer.jobs.runner import make_runner
 from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import dataset_dir, wait_job
 
@@ -33,7 +34,8 @@ def test_worker_elsewhere_trains_and_every_server_serves(redis_url, prefix, tiny
     )
     server = build_components(cfg, base=tiny_base, embedder=embedder)
     trainer = SkillTrainer(SkillStore(tmp_path), Router(embedder), tiny_base)
-    worker = RedisJobQueue(redis_url, make_runner(trainer), prefix=prefix)
+    bus = RedisEventBus(redis_url, prefix)  # the worker's: it announces what it stored
+    worker = RedisJobQueue(redis_url, make_runner(trainer), announcer(bus), prefix=prefix)
     lines = (dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()
     try:
         with TestClient(create_app(server)) as client:
@@ -70,6 +72,7 @@ def test_worker_elsewhere_trains_and_every_server_serves(redis_url, prefix, tiny
             assert server.pool.get("slow") is None
     finally:
         worker.close()
+        bus.close()
         server.close()
 
 

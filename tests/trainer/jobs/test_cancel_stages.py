@@ -11,10 +11,11 @@ import pytest
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
 from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.jobs import Job, LocalJobQueue, new_job_id
+from skillpool.trainer.jobs.job import Job, new_job_id
+from skillpool.trainer.jobs.local_queue import LocalJobQueue
+from skillpool.trainer.jobs.runner import make_runner
 from skillpool.trainer.loop import Cancelled, stop_check
 from skillpool.trainer.records import TERMINAL, JobStatus
-from skillpool.trainer.runner import make_runner
 from skillpool.trainer.skill_trainer import SkillTrainer
 from tests.conftest import read_task, until
 
