@@ -6,7 +6,9 @@ continual   learn a task sequence through a real server; score matrix, AP, F.Ra,
             continual_metrics, continual_report; baselines: seq, mtl and trained alone; progress_log)
 answers     a skill's answers under four wordings of its task (uploaded, paraphrase, system message, input
             only), forced and routed, with paired bootstrap gaps (answers_variants, answers_report)
-tasks       the one reader of task folders (train.jsonl, test.jsonl) both use
+run_options the flags and result's config block continual and answers share (training through a server)
+tasks       the one reader of task folders (train.jsonl, test.jsonl), the SKILLPOOL_DATASETS setting and the
+            packaged instruction paraphrase sets (paraphrases/)
 upload      `skillpool upload`: send a task file to a running server and follow its job (continual follows too)
 process     start `skillpool serve` as a child process (drivers, benchmarks, end-to-end tests)
 

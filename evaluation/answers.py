@@ -1,4 +1,4 @@
-"""`skillpool eval answers`: how well a skill answers when the user words the task differently (issue 46).
+"""`skillpool eval answers`: how well a skill answers when the user words the task differently.
 
 Starts `skillpool serve` on a data dir, uploads each task's training rows (isolated by default, the default
 config, seed 0), then asks every task's test rows under four wordings (answers_variants: the uploaded
@@ -6,26 +6,29 @@ instruction, a hand-written paraphrase, the instruction as a system message, the
 task's skill (model=<skill>) and routed (model=auto, with every task's skill in the pool), and optionally the base
 model. Each side is scored by the task's metric (exact match for label tasks, ROUGE-L otherwise, as eval continual
 scores it); answers_report gives every score a bootstrap interval, every variant's gap from the uploaded
-instruction a paired one, and checks issue 46's bar on the routed paraphrase gap. Writes JSON and a markdown table.
+instruction a paired one, and checks the paraphrase-gap criterion on the routed paraphrase gap (--max-task-gap,
+--max-mean-gap). Writes JSON and a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from skillpool.trainer.config import METHODS, ConfigError, TrainConfig
+from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.records import JobStatus
 
-from .answers_report import Rows, markdown_table, summarize
+from .answers_report import GapCriterion, Rows, markdown_table, summarize
 from .answers_variants import VARIANTS, AnswerTask
-from .continual_sequence import _ask, _train, _trained_skills, parse_server_args, server_argv
+from .continual_sequence import _ask, _train, _trained_skills, server_argv
 from .continual_task import load_tasks, set_budgets
-from .tasks import add_task_folders, load_paraphrases, task_lines
+from .run_options import add_server_run_flags, parse_server_run_flags, run_config, write_json
+from .tasks import add_task_folders, load_paraphrases, paraphrase_sets, paraphrase_source, task_lines
 
 ROUTES = ("forced", "auto", "base")
 
@@ -126,7 +129,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "routes": args.routes,
         "metrics": {t.name: t.task.metric for t in tasks},
         "n_test": {t.name: len(t.rows) for t in tasks},
-        **summarize(asked["rows"], names),
+        **summarize(asked["rows"], names, GapCriterion(args.max_task_gap, args.max_mean_gap)),
         "routed_to_own_skill": asked["own"],
         "row_scores": asked["rows"],
         "answers": asked["answers"],  # what was said, row by row: whether a miss copies the prompt's wording
@@ -134,62 +137,65 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         "router_mode": asked["mode"],
         "time": {**asked["time"], "total_s": round(time.perf_counter() - t_start, 1)},
         "config": {
-            "tasks": [str(p) for p in args.tasks],
-            "instructions": [str(p) for p in args.instructions or []],
-            "method": args.method,
-            "train_limit": args.train_limit,
-            "test_limit": args.test_limit,
-            "train_config": cfg.to_dict(),
-            "metric": args.metric,
-            "max_new_tokens": args.max_new_tokens,
-            "model": base.model_id,
-            "data_dir": str(data_dir),
+            **run_config(args, base.model_id, data_dir),
+            "instructions": list(args.instructions or []),
             "reuse": args.reuse,
-            "server_args": args.server_args,
         },
     }
     return result
+
+
+def gap_points(text: str) -> float:
+    """A --max-task-gap/--max-mean-gap value: a finite number of points, at least 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of points") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of points, at least 0")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_task_folders(p)
     p.add_argument(
         "--instructions",
-        type=Path,
+        type=paraphrase_source,
         nargs="+",
         default=None,
-        help="JSON files {task folder name: [instruction paraphrases]}, e.g. load_tests/paraphrases/*.json "
-        "(needed for the paraphrase variant; never used to train)",
+        metavar="NAME_OR_PATH",
+        help=f"instruction paraphrases: a packaged set ({', '.join(paraphrase_sets())}) or a JSON file {{task folder "
+        "name: [paraphrases]}; later ones win (needed for the paraphrase variant; never used to train)",
     )
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument(
         "--routes", default="forced,auto", help=f"comma list of {', '.join(ROUTES)} (base: the base model alone)"
     )
-    p.add_argument("--method", choices=METHODS, default="isolated")
-    p.add_argument("--train-limit", type=int, default=300, help="first N training rows per task")
-    p.add_argument("--test-limit", type=int, default=200, help="first N test rows per task")
-    p.add_argument("--config", default="{}", help="training hyperparameters (JSON, as POST /tasks takes; seed 0)")
-    p.add_argument("--metric", choices=("auto", "exact_match", "rouge_l"), default="auto")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="cap on the answer length")
-    p.add_argument("--router-mode", default=None, help="default: sapt for --method sapt, else dtkr")
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--force", action="store_true", help="register skills even when the quality gate fails")
-    p.add_argument("--data-dir", type=Path, default=None, help="the server's data dir (default: a fresh temp dir)")
+    default = GapCriterion()
+    p.add_argument(
+        "--max-task-gap",
+        type=gap_points,
+        default=default.max_task_gap,
+        metavar="POINTS",
+        help="paraphrase-gap criterion: how far each task's routed paraphrase score may fall below its uploaded "
+        "one (unless the paired 95%% interval reaches that far; default %(default)s)",
+    )
+    p.add_argument(
+        "--max-mean-gap",
+        type=gap_points,
+        default=default.max_mean_gap,
+        metavar="POINTS",
+        help="paraphrase-gap criterion: how far the mean over tasks may fall (default %(default)s)",
+    )
+    add_server_run_flags(p, 300, 200, "training hyperparameters (JSON, as POST /tasks takes; seed 0)")
     p.add_argument(
         "--reuse", action="store_true", help="ask the skills --data-dir already holds instead of training them again"
     )
-    p.add_argument("--model", type=Path, default=None, help="local base checkpoint (default: the packaged SmolLM2)")
-    p.add_argument("--server-args", default="", help="more flags for the server it starts (one value: use '=')")
-    p.add_argument("--json", type=Path, required=True, help="write the results here")
     p.add_argument("--markdown", type=Path, default=None, help="also write the table here")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        args.train_config = TrainConfig.from_dict(json.loads(args.config))
-    except (json.JSONDecodeError, ConfigError) as e:
-        raise SystemExit(f"--config: {e}") from None
-    args.server_argv = parse_server_args(args.server_args)
+    parse_server_run_flags(args)
     args.variants = _choices(args.variants, VARIANTS, "--variants")
     args.routes = _choices(args.routes, ROUTES, "--routes")
     for flag in ("train_limit", "test_limit", "max_new_tokens", "concurrency"):
@@ -206,8 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = evaluate(args)
     table = markdown_table(result)
     print(table)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     print(f"wrote {args.json}")
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """`skillpool eval answers-compare BEFORE.json AFTER.json`: two `eval answers` runs on the same test rows (a training
 change's "before" and "after"), cell by cell: after − before per (route, wording, task) and per (route, wording)
 over tasks, each with a paired bootstrap interval (the same resampled rows on both sides, as `eval answers`
-pairs two wordings). A cell is `lower` when the whole interval lies below zero: issue 46's "not lower than before
-beyond their interval".
+pairs two wordings). A cell is `lower` when the whole interval lies below zero: the change made it worse beyond
+what the test rows' noise explains.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`eval answers`' numbers and table: each (route, variant, task) score with its bootstrap interval, each variant's
-paired difference from the uploaded instruction, and issue 46's bar on the routed paraphrase gap.
+paired difference from the uploaded instruction, and the paraphrase-gap criterion on the routed paraphrase gap.
 
 Scores are in points (0-100) from per-row scores; intervals are eval continual's percentile bootstrap over the
 test rows (continual_metrics.ap_interval), paired where two variants answered the same rows.
@@ -7,19 +7,33 @@ test rows (continual_metrics.ap_interval), paired where two variants answered th
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .continual_metrics import ap_interval, row_mean
 
-# issue 46: each task's auto paraphrase score within 3 points of its uploaded score (or the paired 95% interval of
-# the difference reaches -3), and the mean gap over tasks at most 1.5 points
-TASK_GAP, MEAN_GAP = 3.0, 1.5
 BASE_VARIANT = "uploaded"
 
 Rows = dict[str, dict[str, dict[str, list[float]]]]  # route -> variant -> task -> per-row scores
 
 
-def within_bar(diff: float, ci: tuple[float, float], limit: float = TASK_GAP) -> bool:
+@dataclass(frozen=True)
+class GapCriterion:
+    """The paraphrase-gap criterion: each task's routed paraphrase score at most max_task_gap points below its
+    uploaded score (or the paired 95% interval of the difference reaches that far), and the mean gap over tasks at
+    most max_mean_gap points (`eval answers --max-task-gap/--max-mean-gap`)."""
+
+    max_task_gap: float = 3.0
+    max_mean_gap: float = 1.5
+
+    def rule(self) -> str:
+        return (
+            f"auto: each task's paraphrase − uploaded ≥ −{self.max_task_gap:g} (or its paired 95% interval reaches "
+            f"−{self.max_task_gap:g}), mean gap ≥ −{self.max_mean_gap:g}"
+        )
+
+
+def within_criterion(diff: float, ci: tuple[float, float], limit: float = GapCriterion.max_task_gap) -> bool:
     """A task's gap passes when it is no worse than -limit, or its paired interval does not rule -limit out."""
     return diff >= -limit or ci[0] <= -limit <= ci[1]
 
@@ -28,8 +42,10 @@ def _interval(rows: list[list[float]], minus: list[list[float]] | None = None) -
     return [round(x, 2) for x in ap_interval(rows, minus)]
 
 
-def summarize(rows: Rows, tasks: list[str]) -> dict[str, Any]:
-    """Scores, paired gaps (variant − uploaded) and the bar, from the per-row scores of every side asked."""
+def summarize(rows: Rows, tasks: list[str], criterion: GapCriterion | None = None) -> dict[str, Any]:
+    """Scores, paired gaps (variant − uploaded) and the paraphrase-gap criterion, from the per-row scores of every
+    side asked."""
+    crit = criterion or GapCriterion()
     scores: dict[str, Any] = {}
     gaps: dict[str, Any] = {}
     for route, by_variant in rows.items():
@@ -56,7 +72,7 @@ def summarize(rows: Rows, tasks: list[str]) -> dict[str, Any]:
                 per_gap[t] = {
                     "diff": round(diff, 2),
                     "ci95": [round(x, 2) for x in ci],
-                    "within_bar": within_bar(diff, ci),
+                    "within_criterion": within_criterion(diff, ci, crit.max_task_gap),
                 }
             mean_gap = sum(row_mean(by_task[t]) - row_mean(base[t]) for t in tasks) / len(tasks)
             gaps[route][variant] = {
@@ -64,16 +80,17 @@ def summarize(rows: Rows, tasks: list[str]) -> dict[str, Any]:
                 "mean": round(mean_gap, 2),
                 "mean_ci95": _interval([by_task[t] for t in tasks], [base[t] for t in tasks]),
             }
-    out: dict[str, Any] = {"scores": scores, "gaps": gaps, "bar": None}
+    out: dict[str, Any] = {"scores": scores, "gaps": gaps, "paraphrase_gap": None}
     auto = gaps.get("auto", {}).get("paraphrase")
     if auto is not None:
-        failing = [t for t, g in auto["per_task"].items() if not g["within_bar"]]
-        out["bar"] = {
-            "rule": f"auto: each task's paraphrase − uploaded ≥ −{TASK_GAP:g} (or its paired 95% interval reaches "
-            f"−{TASK_GAP:g}), mean gap ≥ −{MEAN_GAP:g}",
+        failing = [t for t, g in auto["per_task"].items() if not g["within_criterion"]]
+        mean_ok = auto["mean"] >= -crit.max_mean_gap
+        out["paraphrase_gap"] = {
+            **asdict(crit),
+            "rule": crit.rule(),
             "tasks_failing": failing,
-            "mean_gap_ok": auto["mean"] >= -MEAN_GAP,
-            "met": not failing and auto["mean"] >= -MEAN_GAP,
+            "mean_gap_ok": mean_ok,
+            "met": not failing and mean_ok,
         }
     return out
 
@@ -115,11 +132,11 @@ def markdown_table(result: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     if own:
         lines.append(f"\nrouted to own skill %: {' / '.join(v for v in variants if v in own)}")
-    bar = result.get("bar")
-    if bar is not None:
+    crit = result.get("paraphrase_gap") or result.get("bar")  # "bar": the same record in results written before
+    if crit is not None:
         lines.append(
-            f"\nbar ({bar['rule']}): {'met' if bar['met'] else 'not met'}"
-            + (f"; failing: {', '.join(bar['tasks_failing'])}" if bar["tasks_failing"] else "")
-            + ("" if bar["mean_gap_ok"] else "; mean gap too large")
+            f"\nparaphrase-gap criterion ({crit['rule']}): {'met' if crit['met'] else 'not met'}"
+            + (f"; failing: {', '.join(crit['tasks_failing'])}" if crit["tasks_failing"] else "")
+            + ("" if crit["mean_gap_ok"] else "; mean gap too large")
         )
     return "\n".join(lines) + "\n"

@@ -28,21 +28,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skillpool.trainer.config import METHODS, TrainConfig, as_recorded_now
+from skillpool.trainer.config import TrainConfig, as_recorded_now
 
 from .baselines import Baselines, BaselineSides, logged_result, logged_training
 from .continual_metrics import ap_curve, ap_interval, auto_vs_forced, cl_metrics, fwt_interval, row_mean
 from .continual_report import plot, print_table
 from .continual_resume import earlier_steps, run_setup
-from .continual_sequence import parse_server_args, run_server_sequence
+from .continual_sequence import run_server_sequence
 from .continual_task import Task, load_tasks, set_budgets
 from .progress_log import ProgressLog, log_path, read_log
+from .run_options import add_server_run_flags, parse_server_run_flags, run_config, write_json
 from .tasks import add_task_folders
 
 BASELINES = ("oracle", "seq", "mtl")
-METRICS = ("auto", "exact_match", "rouge_l")
 SWITCHES = {  # the on/off flags and their help
-    "--force": "register skills even when the quality gate fails",
     "--parallel": "train the baselines (seq, mtl, trained alone) in processes of their own beside the server's "
     "sequence instead of after it: for a GPU, which they share; on a CPU they only split its cores",
     "--resume": "go on with a run that was cut short, with its --data-dir and --json: keep the steps its progress "
@@ -178,17 +177,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                 "total_s": round(time.perf_counter() - t_start, 1),
             },
             "config": {
-                "tasks": [str(p) for p in args.tasks],
-                "method": args.method,
-                "train_limit": args.train_limit,
-                "test_limit": args.test_limit,
-                "train_config": cfg.to_dict(),
-                "metric": args.metric,
-                "max_new_tokens": args.max_new_tokens,
-                "model": base.model_id,
-                "force": args.force,
-                "data_dir": str(data_dir),
-                "server_args": getattr(args, "server_args", ""),
+                **run_config(args, base.model_id, data_dir),
                 "parallel": args.parallel,
                 # --resume: what this run kept from the cut one. The training and eval seconds include the kept
                 # steps' (their log lines carry them), total_s is this run's wall; untimed_steps counts kept lines
@@ -204,46 +193,18 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_task_folders(p)
-    p.add_argument("--method", choices=METHODS, default="isolated")
-    p.add_argument("--train-limit", type=int, default=None, help="first N training rows per task (default: all)")
-    p.add_argument("--test-limit", type=int, default=None, help="first N test rows per task (default: all)")
-    p.add_argument("--json", type=Path, required=True)
+    add_server_run_flags(p, None, None, "training hyperparameters for every task (JSON, as POST /tasks takes)")
     p.add_argument("--plots", type=Path, default=None)
     p.add_argument("--baselines", default="oracle,seq,mtl", help=f"comma list of {', '.join(BASELINES)} (empty: none)")
     p.add_argument(
-        "--config", default="{}", help="training hyperparameters for every task (JSON, as POST /tasks takes)"
-    )
-    p.add_argument(
-        "--metric", choices=METRICS, default="auto", help="auto: exact match for label tasks, ROUGE-L otherwise"
-    )
-    p.add_argument(
-        "--max-new-tokens", type=int, default=64, help="cap on the answer length (each task: its longest answer + 8)"
-    )
-    p.add_argument("--router-mode", default=None, help="default: sapt for --method sapt, else dtkr")
-    p.add_argument(
         "--reference", type=Path, default=None, help="an isolated run's JSON: its single-task scores give FWT"
     )
-    p.add_argument("--concurrency", type=int, default=8)
     for flag, text in SWITCHES.items():
         p.add_argument(flag, action="store_true", help=text)
-    p.add_argument("--data-dir", type=Path, default=None, help="the server's data dir (default: a fresh temp dir)")
-    p.add_argument("--model", type=Path, default=None, help="local base checkpoint (default: the packaged SmolLM2)")
-    p.add_argument(
-        "--server-args",
-        default="",
-        help="more flags for the server it starts, e.g. --server-args='--max-batch-size 64 --max-batched-tokens 16384'"
-        " on a GPU (the '=' keeps them one value)",
-    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from skillpool.trainer.config import ConfigError
-
-    try:
-        args.train_config = TrainConfig.from_dict(json.loads(args.config))
-    except (json.JSONDecodeError, ConfigError) as e:
-        raise SystemExit(f"--config: {e}") from None
-    args.server_argv = parse_server_args(args.server_args)
+    parse_server_run_flags(args)
     if args.resume and (args.data_dir is None or not args.data_dir.is_dir()):
         raise SystemExit("--resume: give the cut run's --data-dir (its trained skills)")
     if args.resume and not log_path(args.json).is_file():
@@ -254,8 +215,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"--baselines: unknown {unknown} (known: {', '.join(BASELINES)})")
     result = evaluate(args)
     print_table(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
+    write_json(args.json, result)
     print(f"wrote {args.json} (each step as it was measured: {log_path(args.json)})")
     if args.plots:
         for p in plot(result, args.plots):

@@ -14,6 +14,7 @@ from skillpool.trainer.config import as_recorded_now
 
 from .continual_task import Task
 from .progress_log import RUN
+from .run_options import training_setup
 
 
 @dataclass
@@ -59,12 +60,7 @@ def run_setup(args: argparse.Namespace, tasks: list[Task], model_id: str) -> dic
     """What a resumed run must share with the run it goes on with (the progress log's first line)."""
     return {
         "tasks": [t.name for t in tasks],
-        "method": args.method,
-        "train_limit": args.train_limit,
-        "test_limit": args.test_limit,
-        "train_config": args.train_config.to_dict(),
-        "metric": args.metric,
-        "max_new_tokens": args.max_new_tokens,
+        **training_setup(args),
         "router_mode": args.router_mode,
         "model": model_id,
         "force": args.force,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,22 +33,6 @@ def server_argv(args: argparse.Namespace, mode: str) -> list[str]:
         + (["--model", str(args.model)] if args.model else [])
         + list(getattr(args, "server_argv", None) or [])
     )
-
-
-def parse_server_args(text: str) -> list[str]:
-    """--server-args as a list of flags, refusing the ones the run sets itself."""
-    try:
-        argv = shlex.split(text)
-    except ValueError as e:
-        raise SystemExit(f"--server-args: {e}") from None
-    owned = ("--port", "--data-dir", "--router-mode", "--model")  # argparse also takes a prefix, e.g. --data
-    for flag in (a.split("=")[0] for a in argv if a.startswith("--") and len(a) > 2):
-        if any(o.startswith(flag) for o in owned):
-            raise SystemExit(
-                f"--server-args: {flag}: the run sets --port and --data-dir itself, and --router-mode and --model "
-                "through its own options of those names"
-            )
-    return argv
 
 
 CONNECTION_TRIES = 3  # a request that could not reach the server is sent again, at most this many times in all

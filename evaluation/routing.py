@@ -11,7 +11,6 @@ on a replay sample (`--replay-fraction`, 2% as the trainer stores) of every earl
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -28,7 +27,8 @@ from skillpool.router.router import Decision, Features, Router
 from skillpool.router.sapt import TokenPooler
 
 from .routing_report import plot, print_table
-from .tasks import TEXT_MODES, Task, add_task_folders, load_paraphrases, load_task
+from .run_options import write_json
+from .tasks import TEXT_MODES, Task, add_task_folders, load_paraphrases, load_task, paraphrase_sets, paraphrase_source
 
 
 def _top(d: Decision) -> str:
@@ -130,9 +130,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--instructions",
-        type=Path,
+        type=paraphrase_source,
         default=None,
-        help="JSON {task: [instruction paraphrases]}: replaces each test row's instruction (training keeps its own)",
+        metavar="NAME_OR_PATH",
+        help=f"instruction paraphrases, a packaged set ({', '.join(paraphrase_sets())}) or a JSON file {{task: "
+        "[paraphrases]}: they replace each test row's instruction (training keeps its own)",
     )
     p.add_argument("--train-limit", type=int, default=300)
     p.add_argument("--test-limit", type=int, default=None, help="default: all test inputs")
@@ -188,8 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print_table(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2, default=str))
+    write_json(args.json, result)
     print(f"wrote {args.json}")
     if args.plots:
         for p in plot(result, args.plots, f"{args.router}, {args.text}"):

@@ -1,18 +1,42 @@
 """Task folders, the benchmark layout every `skillpool eval` reads: <name>/train.jsonl and <name>/test.jsonl.
 
 One reader (task_lines) and one --tasks flag (add_task_folders) for both evaluations; the routed text of a
-row (task_text) and the routing task.
+row (task_text) and the routing task; the datasets setting (SKILLPOOL_DATASETS) and the instruction paraphrase
+sets (packaged in paraphrases/, or a JSON file).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from skillpool.router.texts import route_text
+
+DATASETS_SETTING = "SKILLPOOL_DATASETS"
+
+
+def datasets_root() -> Path | None:
+    """The benchmark datasets folder (GROUP/TASK/{train,test}.jsonl) that SKILLPOOL_DATASETS names; None when unset.
+
+    The one place tests and load_tests learn where the datasets are: tests skip without it, benchmarks stop."""
+    value = os.environ.get(DATASETS_SETTING, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def dataset_folder(group: str, task: str) -> Path:
+    """<datasets>/<group>/<task>; a ValueError naming SKILLPOOL_DATASETS when it is unset or lacks the folder."""
+    root = datasets_root()
+    if root is None:
+        raise ValueError(f"{DATASETS_SETTING} is not set: point it at the benchmark datasets folder (GROUP/TASK/)")
+    path = root / group / task
+    if not path.is_dir():
+        raise ValueError(f"{path} not found: {DATASETS_SETTING}={root} has no {group}/{task} task folder")
+    return path
 
 
 def task_lines(folder: Path, split: str) -> list[str]:
@@ -64,18 +88,39 @@ def task_text(row: dict[str, Any], mode: str, instruction: str | None = None) ->
     return "\n".join(p for p in (instr, inp) if p)
 
 
-def load_paraphrases(path: Path) -> dict[str, list[str]]:
-    """{task folder name: [instruction paraphrases]} (keys starting with '_' are comments)."""
+def paraphrase_sets() -> list[str]:
+    """The names of the packaged paraphrase sets (paraphrases/NAME.json beside this module)."""
+    folder = files("skillpool.evaluation") / "paraphrases"
+    return sorted(f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json"))
+
+
+def paraphrase_source(text: str) -> str:
+    """The --instructions type: a packaged set's name or a JSON file's path, kept as given (and recorded so)."""
+    if text in paraphrase_sets() or Path(text).is_file():
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a packaged paraphrase set ({', '.join(paraphrase_sets())}) nor a JSON file"
+    )
+
+
+def load_paraphrases(source: str | Path) -> dict[str, list[str]]:
+    """{task folder name: [instruction paraphrases]} from a packaged set's name or a JSON file (keys starting
+    with '_' are comments)."""
+    name = str(source)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if name in paraphrase_sets():
+            text = (files("skillpool.evaluation") / "paraphrases" / f"{name}.json").read_text(encoding="utf-8")
+        else:
+            text = Path(source).read_text(encoding="utf-8")
+        data = json.loads(text)
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--instructions {path}: cannot read a JSON object ({e})") from e
+        raise ValueError(f"--instructions {name}: cannot read a JSON object ({e})") from e
     if not isinstance(data, dict):
-        raise ValueError(f"--instructions {path}: expected an object of task name -> list of instructions")
+        raise ValueError(f"--instructions {name}: expected an object of task name -> list of instructions")
     out = {k: v for k, v in data.items() if not k.startswith("_")}
     for k, v in out.items():
         if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() for x in v):
-            raise ValueError(f"--instructions {path}: {k!r} must be a non-empty list of non-empty strings")
+            raise ValueError(f"--instructions {name}: {k!r} must be a non-empty list of non-empty strings")
     return out
 
 

@@ -1,5 +1,6 @@
-"""Shared fixtures: a tiny randomly-initialized LLaMA with the real SmolLM2 tokenizer, the real MiniLM,
-and access to ../shared/datasets. End-to-end tests are marked `slow` and run with --slow (or CI=true)."""
+"""Shared fixtures: a tiny randomly-initialized LLaMA with the real SmolLM2 tokenizer, the real MiniLM, and the
+benchmark datasets the SKILLPOOL_DATASETS setting names. End-to-end tests are marked `slow` and run with --slow
+(or CI=true)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ def _triton_interpreter_without_gpu() -> None:
 _triton_interpreter_without_gpu()
 
 REPO = Path(__file__).resolve().parent.parent
-DATASETS = REPO.parent / "shared" / "datasets"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,10 +56,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def dataset_dir(group: str, task: str) -> Path:
-    path = DATASETS / group / task
-    if not path.is_dir():
-        pytest.skip(f"benchmark data not found at {path}: these tests need ../shared/datasets beside the repo")
-    return path
+    """<datasets>/<group>/<task>; skips the test with a message naming SKILLPOOL_DATASETS when it is unset or lacks
+    the folder."""
+    from skillpool.evaluation.tasks import dataset_folder
+
+    try:
+        return dataset_folder(group, task)
+    except ValueError as e:
+        pytest.skip(f"benchmark data: {e}")
 
 
 @pytest.fixture(scope="session")

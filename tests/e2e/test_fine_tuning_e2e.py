@@ -33,7 +33,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[ServerProcess]:  # type: ignore[no-untyped-def]
-    dataset_dir("long_sequence", "agnews")  # skips with a message when ../shared is absent
+    dataset_dir("long_sequence", "agnews")  # skips with a message naming SKILLPOOL_DATASETS when it is unset
     with ServerProcess(tmp_path_factory.mktemp("ft-e2e") / "data") as s:
         yield s
 

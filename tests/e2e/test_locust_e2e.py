@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 
 from skillpool.evaluation.process import ServerProcess
-from tests.conftest import DATASETS, dataset_dir
+from skillpool.evaluation.tasks import DATASETS_SETTING
+from tests.conftest import dataset_dir
 
 pytestmark = pytest.mark.slow
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "load_tests" / "locustfile.py"
 
 
 def test_locust_headless_run_has_no_failures(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    dataset_dir("long_sequence", "sst-2")  # skips with a message when ../shared is absent
+    # skips with a message naming SKILLPOOL_DATASETS when unset; locust reads the same setting
+    datasets = dataset_dir("long_sequence", "sst-2").parent.parent
     with ServerProcess(tmp_path / "data", ["--model", str(tiny_base.path), "--default-max-tokens", "4"]) as srv:
         run = subprocess.run(
             [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", srv.url, "--headless"]
@@ -27,7 +29,7 @@ def test_locust_headless_run_has_no_failures(tiny_base, tmp_path: Path) -> None:
             capture_output=True,
             text=True,
             timeout=300,
-            env={**os.environ, "SKILLPOOL_DATASETS": str(DATASETS)},
+            env={**os.environ, DATASETS_SETTING: str(datasets)},
         )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = {r["Name"]: r for r in csv.DictReader((tmp_path / "run_stats.csv").open())}

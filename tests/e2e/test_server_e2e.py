@@ -52,7 +52,7 @@ def client(server: ServerProcess):  # type: ignore[no-untyped-def]
 
 
 def agnews(split: str, n: int) -> list[dict]:
-    dataset_dir("long_sequence", "agnews")  # skips with a message when ../shared is absent
+    dataset_dir("long_sequence", "agnews")  # skips with a message naming SKILLPOOL_DATASETS when it is unset
     return rows("long_sequence", "agnews", split, n)
 
 

@@ -10,8 +10,6 @@ import pytest
 from skillpool.cli.main import main
 from tests.conftest import dataset_dir
 
-REPO = Path(__file__).resolve().parents[2]
-SUPERNI = REPO / "load_tests" / "paraphrases" / "superni.json"
 TASKS = ("task363_sst2_polarity_classification", "task1687_sentiment140_classification")
 
 
@@ -22,7 +20,7 @@ def _args(tmp: Path, *extra: str) -> list[str]:
         "--tasks",
         *(str(dataset_dir("superni", t)) for t in TASKS),
         "--instructions",
-        str(SUPERNI),
+        "superni",  # the packaged set
         "--json",
         str(tmp / "a.json"),
         *extra,
@@ -40,6 +38,8 @@ def test_every_route_and_wording_is_scored_with_intervals_and_the_table(tiny_bas
         str(tmp_path / "data"),
         "--markdown",
         str(tmp_path / "a.md"),
+        "--max-task-gap",
+        "5",
     ]
     assert main(_args(tmp_path, *extra)) == 0
     r = json.loads((tmp_path / "a.json").read_text())
@@ -61,7 +61,9 @@ def test_every_route_and_wording_is_scored_with_intervals_and_the_table(tiny_bas
         assert gap["per_task"][t]["diff"] == pytest.approx(para - upl, abs=0.02)
     assert set(r["routed_to_own_skill"]) == set(r["variants"])
     assert all(0 <= v <= 100 for by in r["routed_to_own_skill"].values() for v in by.values())
-    assert isinstance(r["bar"]["met"], bool)
+    crit = r["paraphrase_gap"]
+    assert isinstance(crit["met"], bool) and (crit["max_task_gap"], crit["max_mean_gap"]) == (5.0, 1.5)
+    assert r["config"]["instructions"] == ["superni"]
     assert [j["status"] for j in r["jobs"]] == ["succeeded", "succeeded"]
     table = (tmp_path / "a.md").read_text()
     assert table.count("\n| task363") == 3 and "| **mean** | base |" in table
@@ -96,3 +98,21 @@ def test_the_paraphrase_variant_needs_a_paraphrase_for_every_task(tmp_path: Path
     other.write_text(json.dumps({"task363_sst2_polarity_classification": ["Positive or negative?"]}))
     with pytest.raises(SystemExit, match="no paraphrases for task1687_sentiment140_classification"):
         main([*_args(tmp_path), "--instructions", str(other), "--train-limit", "4", "--test-limit", "2"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--instructions", "superni_v2", "neither a packaged paraphrase set (long_sequence, superni) nor a JSON file"),
+        ("--max-task-gap", "-0.5", "--max-task-gap: '-0.5': give a finite number of points, at least 0"),
+        ("--max-mean-gap", "nan", "--max-mean-gap: 'nan': give a finite number of points, at least 0"),
+        ("--max-mean-gap", "much", "--max-mean-gap: 'much' is not a number of points"),
+    ],
+)
+def test_an_unknown_paraphrase_set_or_a_bad_gap_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
+) -> None:
+    argv = ["eval", "answers", "--tasks", str(tmp_path), "--json", str(tmp_path / "a.json"), flag, value]
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and says in capsys.readouterr().err

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,6 @@ from skillpool.evaluation.tasks import load_paraphrases, task_lines
 from skillpool.trainer.datasets import parse_jsonl
 from tests.conftest import dataset_dir
 
-REPO = Path(__file__).resolve().parents[2]
 ROW = {"instruction": "Classify the review as POS or NEG.", "input": "A fine film.", "output": "POS"}
 
 
@@ -76,7 +74,7 @@ def test_a_variant_keeps_answers_budget_and_metric_and_cycles_the_paraphrases() 
     ],
 )
 def test_superni_paraphrases_name_the_labels_and_quote_no_test_row(task: str, labels: set[str]) -> None:
-    para = load_paraphrases(REPO / "load_tests" / "paraphrases" / "superni.json")[task]
+    para = load_paraphrases("superni")[task]
     assert len(para) >= 5
     for p in para:  # every paraphrase says which answers are possible, in some spelling
         assert labels & set(re.findall(r"\w+", p.lower())), p

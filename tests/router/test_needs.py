@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from skillpool.evaluation.tasks import task_text
+from skillpool.evaluation.tasks import load_paraphrases, task_text
 from skillpool.router import Router, RouterSettings
 from skillpool.router.formats import gram_ids
 from skillpool.router.needs import (
@@ -24,9 +24,9 @@ from skillpool.router.needs import (
     option_ids,
     request_grams,
 )
-from tests.conftest import REPO, dataset_dir, read_task
+from tests.conftest import dataset_dir, read_task
 
-PARAPHRASES = json.loads((REPO / "load_tests" / "paraphrases" / "long_sequence.json").read_text(encoding="utf-8"))
+PARAPHRASES = load_paraphrases("long_sequence")
 
 
 def _rows(task: str, split: str, n: int) -> list[dict]:
