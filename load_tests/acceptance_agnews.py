@@ -1,11 +1,11 @@
-"""The skeleton's acceptance run, through the real server and the openai client.
+"""The end-to-end acceptance run, through the real server and the openai client.
 
 1. start `skillpool serve` on a fresh data dir; 2. upload the first 300 rows of Long Sequence AG News
 and time the job; 3. score AG News test prompts with model=auto (route rate, first-word exact
 match) and with the base model; 4. upload a second task (SST-2) and re-score AG News; 5. check that
 a malformed upload gets 400 with line numbers; 6. restart and check both skills are served.
 
-    .venv/bin/python load_tests/acceptance_agnews.py [--train 300] [--test 200] [--second sst-2]
+    .venv/bin/python -m load_tests.acceptance_agnews [--train 300] [--test 200] [--second sst-2]
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import ask, rows, upload, user_text, wait_job  # noqa: E402
-from skillpool.evaluation.process import ServerProcess  # noqa: E402
-from skillpool.trainer.scoring import first_word_match  # noqa: E402
+from load_tests.common import ask, rows, upload, user_text, wait_job
+from skillpool.evaluation.process import ServerProcess
+from skillpool.trainer.scoring import first_word_match
 
 BASE = "SmolLM2-135M-Instruct"
 

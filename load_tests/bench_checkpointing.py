@@ -8,7 +8,7 @@ own, so that its peak memory is its own (VmHWM on the CPU, max_memory_allocated 
 machine noise hits them alike. Prints, per run, the memory the model held before training, the peak while
 training and seconds per optimizer step; then the medians and the ratios to the first kind, measured in one run:
 
-    .venv/bin/python load_tests/bench_checkpointing.py [--rows 16] [--batch-size 8] [--rounds 2]
+    .venv/bin/python -m load_tests.bench_checkpointing [--rows 16] [--batch-size 8] [--rounds 2]
         [--task long_sequence/yelp] [--sample] [--kinds off,on,auto]
 """
 
@@ -22,11 +22,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows, status_kib  # noqa: E402
+from load_tests.common import rows, status_kib
 
 GIB = 1024**3
 
@@ -79,7 +77,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=8, help="rows per step (TrainConfig.batch_size)")
     ap.add_argument("--sample", action="store_true", help="a random sample of rows instead of the longest")
     ap.add_argument("--kinds", default="off,on", help="gradient_checkpointing values to compare, the first as the base")
-    ap.add_argument("--task", default="long_sequence/yelp", help="GROUP/TASK under ../shared/datasets")
+    ap.add_argument("--task", default="long_sequence/yelp", help="GROUP/TASK under SKILLPOOL_DATASETS")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each kind, alternating")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -93,7 +91,10 @@ def main() -> int:
             argv = ["--rows", str(args.rows), "--batch-size", str(args.batch_size), "--task", args.task]
             argv += ["--sample"] if args.sample else []
             out = subprocess.run(
-                [sys.executable, __file__, *argv, "--child", kind], check=True, capture_output=True, text=True
+                [sys.executable, "-m", "load_tests.bench_checkpointing", *argv, "--child", kind],
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout
             r = json.loads(out.strip().splitlines()[-1])
             runs[kind].append(r)

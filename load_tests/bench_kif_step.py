@@ -1,4 +1,4 @@
-"""What a kif training step costs over a plain LoRA step, and what skipping the identity fusion saves (issue 18).
+"""What a kif training step costs over a plain LoRA step, and what skipping the identity fusion saves.
 
 On the real SmolLM2 and the device the trainer would use (CUDA when there is one): the same yelp batches
 trained three ways from the same fresh LoRA, each round in turn so machine noise hits them alike:
@@ -9,7 +9,7 @@ trained three ways from the same fresh LoRA, each round in turn so machine noise
   before it skipped them).
 Prints seconds per optimizer step (memory steps counted) for each and the ratios, measured in one run:
 
-    .venv/bin/python load_tests/bench_kif_step.py [--rows 64] [--rounds 2]
+    .venv/bin/python -m load_tests.bench_kif_step [--rows 64] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows  # noqa: E402
+from load_tests.common import rows
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ Two `skillpool serve` processes, one after the other, on fresh data dirs: the fi
 default: their activations are the largest of the benchmark's tasks) and, after every job, reports the
 server's resident memory (VmRSS) and its peak so far (VmHWM). Prints both and the on/off ratios:
 
-    .venv/bin/python load_tests/bench_memory.py [--tasks imdb yelp] [--train-rows 30] [--epochs 1] [--vary trim]
+    .venv/bin/python -m load_tests.bench_memory [--tasks imdb yelp] [--train-rows 30] [--epochs 1] [--vary trim]
         [--checkpointing on|auto]
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,8 +23,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows, status_kib, upload, wait_job  # noqa: E402
+from load_tests.common import rows, status_kib, upload, wait_job
 
 MIB = 1024
 

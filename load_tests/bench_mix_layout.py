@@ -5,29 +5,26 @@ on q,k,v,o (the serving benchmark's shape). Layouts: per row (each row's own 3 b
 shared (the batch's union of skills gathered once: at most --skills blocks, every row scaled by its weights).
 Rounds interleave base, per-row and shared, so the ratios come from one run on the same machine state.
 
-    .venv/bin/python load_tests/bench_mix_layout.py [--rows 16] [--skills 10] [--context 300] [--steps 16]
+    .venv/bin/python -m load_tests.bench_mix_layout [--rows 16] [--skills 10] [--context 300] [--steps 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from load_tests.fixtures import random_skills
 
 
 def main() -> int:
     import torch
-    from torch import nn
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from skillpool.adapters_store.base_model import resolve_base_model
-    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
     from skillpool.adapters_store.lora_bank import LoRABank
     from skillpool.server.engines.kv import growing_cache
 
@@ -43,24 +40,20 @@ def main() -> int:
     )
     args = ap.parse_args()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(resolve_base_model().path), dtype=torch.float32).eval()
+    path = resolve_base_model().path
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     bank = LoRABank(model)
-    targets = ("q_proj", "k_proj", "v_proj", "o_proj")
-    for i in range(args.skills):
-        modules = {
-            name: LoRAFactors(
-                torch.randn(args.rank, m.in_features) * 0.01, torch.randn(m.out_features, args.rank) * 0.01, 2.0
-            )
-            for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets
-        }
-        bank.add(f"s{i}", LoRAAdapter(modules=modules))
+    config = json.loads((path / "config.json").read_text())
+    names = []
+    for name, adapter in random_skills(config, args.skills, args.rank, alpha=2.0 * args.rank):
+        bank.add(name, adapter)
+        names.append(name)
     rng = random.Random(0)
     combos = rng.sample(list(itertools.combinations(range(args.skills), 3)), args.rows)
     others = [c for c in itertools.combinations(range(args.skills), 3) if c not in combos]
 
     def mix(combo: tuple[int, ...]) -> list[tuple[str, float]]:
-        return [(f"s{combo[0]}", 0.5), (f"s{combo[1]}", 0.3), (f"s{combo[2]}", 0.2)]
+        return [(names[combo[0]], 0.5), (names[combo[1]], 0.3), (names[combo[2]], 0.2)]
 
     # Compositions in turn: every --churn steps one row (round robin) leaves and a row with a new mix takes its
     # place, as in a closed loop of 64-token answers over 16 rows (one join and one leave every ~4 steps).
@@ -77,7 +70,8 @@ def main() -> int:
         with torch.inference_mode():
             model(input_ids=ids, past_key_values=prompt, use_cache=True, logits_to_keep=1)
             # the engine's cache: steps write their column in place (a DynamicCache would copy it all each step)
-            cache = growing_cache([(layer.keys, layer.values) for layer in prompt.layers], spare=args.steps)
+            layers = [(layer.keys, layer.values) for layer in prompt.layers]  # type: ignore[union-attr]  # LLaMA's
+            cache = growing_cache(layers, spare=args.steps)
             token = torch.zeros(args.rows, 1, dtype=torch.long)
             # the hint picks the layout: one position per row is decode (shared); a huge one forces per-row
             hint = {"base": 1, "shared": 1, "per row": 10**9}[layout]

@@ -9,7 +9,7 @@ per request (one request per call, as a lone chat request is routed) and per bat
 routing alone on precomputed features (MiniLM is most of a request's cost on a CPU and hides how the
 rest grows with the pool), and the 1,000 / 10 ratios.
 
-    .venv/bin/python load_tests/bench_router.py [--mode dtkr|sapt|centroid] [--requests 200] [--device cpu|cuda]
+    .venv/bin/python -m load_tests.bench_router [--mode dtkr|sapt|centroid] [--requests 200] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -19,19 +19,17 @@ import sys
 import time
 from collections import Counter
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows, user_text  # noqa: E402
-from skillpool.router import MODES, Router, RouterSettings, TokenPooler  # noqa: E402
-from skillpool.router.dtkr import split_groups  # noqa: E402
-from skillpool.router.embedder import SentenceEmbedder  # noqa: E402
-from skillpool.router.formats import fit_format  # noqa: E402
-from skillpool.router.sapt import SAPTState  # noqa: E402
+from load_tests.common import rows, user_text
+from skillpool.router import MODES, Router, RouterSettings, TokenPooler
+from skillpool.router.dtkr import split_groups
+from skillpool.router.embedder import SentenceEmbedder
+from skillpool.router.formats import fit_format
+from skillpool.router.sapt import SAPTState
 
 TASKS = ("agnews", "sst-2", "mnli", "boolqa")
 
@@ -70,8 +68,8 @@ def synthetic_router(
             "calibration_inputs": torch.from_numpy(calib / np.linalg.norm(calib, axis=1, keepdims=True)).half(),
             **formats[i % len(formats)],
         }
-        if sapt is not None:
-            tensors["sapt_key"] = torch.from_numpy(rng.normal(size=pooler.dim).astype(np.float32))  # type: ignore[union-attr]
+        if sapt is not None and pooler is not None:
+            tensors["sapt_key"] = torch.from_numpy(rng.normal(size=(pooler.dim,)).astype(np.float32))
             tensors["sapt_blocks"] = torch.tensor([i + 1])
             tensors.update({k: v for k, v in sapt.projector_tensors().items()})
         router.add_skill(f"s{i}", tensors)

@@ -1,7 +1,7 @@
 """Serving benchmark in the manner of `vllm bench serve`, every scenario measured in one run.
 
-Writes synthetic skills (random LoRA blocks; router keys from real SuperNI task inputs) into fresh
-stores, starts `skillpool serve`, and streams prompts from ../shared/datasets through the openai client:
+Writes synthetic skills (random LoRA blocks; router keys from real SuperNI task inputs) into fresh stores, starts
+`skillpool serve`, and streams prompts from the datasets SKILLPOOL_DATASETS names through the openai client:
   - base model, 1 closed-loop client, then N closed-loop clients (continuous batching);
   - N clients, every request an explicit k=3 mix, all different (per-row adapters);
   - base model at Poisson request rates (open loop);
@@ -11,25 +11,26 @@ stores, starts `skillpool serve`, and streams prompts from ../shared/datasets th
   - one skill per request, drawn by Zipf popularity, from a 10-skill pool (all resident) and from a
     1,000-skill pool served with --max-loaded-skills 16 (the others load from the store on use).
 Reports TTFT p50/p99, inter-token latency p50/p99, end-to-end p50, output tokens/s, goodput under an SLO
-(the share of requests meeting both TTFT and ITL bounds, and their tokens/s), the server's resident memory,
-and the ratios the serving-core issue asks for. Answers decode exactly --max-tokens (ignore_eos).
+(the share of requests meeting both TTFT and ITL bounds, and their tokens/s), the server's resident memory, and
+the same-run ratios against their targets (N clients vs 1, mixes vs base, big pool vs small). Answers decode
+exactly --max-tokens (ignore_eos).
 
-    .venv/bin/python load_tests/bench_serving.py [--engine hf,vllm] [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
+    .venv/bin/python -m load_tests.bench_serving [--engine hf,vllm] [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows, user_text  # noqa: E402
-from load_tests.serving_auto import auto_scenarios  # noqa: E402
-from load_tests.serving_load import GROUP, TASKS, Load, make_skills, rss_mib, summarize  # noqa: E402
+from load_tests.common import rows, user_text
+from load_tests.serving_auto import auto_scenarios
+from load_tests.serving_load import GROUP, TASKS, Load, make_skills, rss_mib, summarize
 
 
 def main() -> int:
@@ -206,10 +207,10 @@ def main() -> int:
         print(
             f"{'scenario':44s} {'n':>3s} {'tok/s':>7s} {'ttft p50':>8s} {'ttft p99':>8s} {'itl p50':>7s} {'itl p99':>7s} {'e2e p50':>7s} {'goodput':>7s}"
         )
-        for name, r in results.items():
+        for name, s in results.items():
             print(
-                f"{name:44s} {r['n']:3.0f} {r['tok_s']:7.1f} {r['ttft_p50']:8.2f} {r['ttft_p99']:8.2f} {r['itl_p50']:7.3f} "
-                f"{r['itl_p99']:7.3f} {r['e2e_p50']:7.2f} {r['goodput']:7.0%}"
+                f"{name:44s} {s['n']:3.0f} {s['tok_s']:7.1f} {s['ttft_p50']:8.2f} {s['ttft_p99']:8.2f} {s['itl_p50']:7.3f} "
+                f"{s['itl_p99']:7.3f} {s['e2e_p50']:7.2f} {s['goodput']:7.0%}"
             )
         one, many = results["base, 1 client"], results[f"base, {args.clients} clients"]
         mixes = results[f"k=3 mixes all different, {args.clients} clients"]
@@ -252,7 +253,7 @@ def main() -> int:
             flags = ["--engine", engine.strip(), "--max-batch-size", str(max(args.clients, 16))]
             flags += args.auto_server_flags.split()
             lines = auto_scenarios(
-                lambda folder, flags=flags: ServerProcess(folder, flags),
+                functools.partial(ServerProcess, extra_args=flags),
                 {"empty pool": root / "empty", f"{args.skills}-skill pool": root / "small"},
                 prompts,
                 args.clients,

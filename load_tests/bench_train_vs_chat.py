@@ -1,10 +1,10 @@
-"""Chat latency while a skill trains in the same server, against the same server idle (issue 14).
+"""Chat latency while a skill trains in the same server, against the same server idle.
 
 One `skillpool serve` (SmolLM2, --engine hf): streaming chat requests from a few concurrent clients, first
 with nothing else running, then while an uploaded sst-2 skill trains in the server's own trainer thread.
 Prints TTFT and inter-token latency for both and their ratios, measured in one run. Run it on a quiet machine:
 
-    .venv/bin/python load_tests/bench_train_vs_chat.py [--requests 24] [--clients 2] [--train-rows 300]
+    .venv/bin/python -m load_tests.bench_train_vs_chat [--requests 24] [--clients 2] [--train-rows 300]
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,9 +19,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from load_tests.common import rows, upload, user_text  # noqa: E402
-from load_tests.serving_load import Load  # noqa: E402
+from load_tests.common import rows, upload, user_text
+from load_tests.serving_load import Load
 
 
 def measure(load: Load, prompts: list[str], clients: int) -> list[dict[str, float]]:

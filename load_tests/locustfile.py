@@ -1,37 +1,42 @@
 """Locust load test as users run one: chat through the OpenAI API (routed, pinned, streamed) and a trickle of
 skill uploads, against a running server.
 
-    locust -f load_tests/locustfile.py --host http://127.0.0.1:8000 --headless -u 8 -r 2 -t 60s
+    SKILLPOOL_DATASETS=DIR .venv/bin/locust -f load_tests/locustfile.py --host http://127.0.0.1:8000 --headless \
+        -u 8 -r 2 -t 60s
 
-Prompts and uploads come from ../shared/datasets (SKILLPOOL_DATASETS overrides the folder). Uploads use a
-fresh skill name each time (`load-<n>`) with one epoch, so they exercise the queue without piling up work;
-the server answers 202, or 429 when its job queue is full (counted as a success: that is the contract).
+Prompts and uploads come from the Long Sequence tasks in the datasets folder SKILLPOOL_DATASETS names. Uploads use
+a fresh skill name each time (`load-<n>`) with one epoch, so they exercise the queue without piling up work; the
+server answers 202, or 429 when its job queue is full (counted as a success: that is the contract).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import uuid
 from pathlib import Path
 
 from locust import HttpUser, between, task
 
-DATASETS = Path(
-    os.environ.get("SKILLPOOL_DATASETS", Path(__file__).resolve().parents[1].parent / "shared" / "datasets")
-)
+from skillpool.evaluation.tasks import dataset_folder, task_lines
+
 TASKS = ["sst-2", "agnews", "yelp", "boolqa"]
 
 
+def _folder(name: str) -> Path:
+    try:
+        return dataset_folder("long_sequence", name)
+    except ValueError as e:  # the setting is unset or lacks the task: stop with its message
+        raise SystemExit(str(e)) from None
+
+
 def _rows(name: str, n: int = 50) -> list[dict[str, str]]:
-    lines = (DATASETS / "long_sequence" / name / "test.jsonl").read_text().splitlines()[:n]
-    return [json.loads(x) for x in lines]
+    return [json.loads(x) for x in task_lines(_folder(name), "test")[:n]]
 
 
 # cut to 1000 characters: long reviews would pass a small test model's 512-token context
 PROMPTS = [f"{r['instruction']}\n{r['input']}"[:1000] for name in TASKS for r in _rows(name)]
-UPLOAD = b"\n".join((DATASETS / "long_sequence" / "sst-2" / "train.jsonl").read_bytes().splitlines()[:30])
+UPLOAD = "\n".join(task_lines(_folder("sst-2"), "train")[:30]).encode()
 
 
 class ChatUser(HttpUser):

@@ -4,7 +4,8 @@ routing-speed work; the results go to docs, not to defaults).
 
 sentence-transformers' own ONNX/OpenVINO backends need `optimum-onnx`, which pins transformers < 4.58 while
 sentence-transformers 6 needs transformers 5, so the fp32 graph is the router's own `torch.onnx.export`
-(router/embedder_onnx.py). Run: `.venv/bin/python load_tests/probe_embedding_backends.py --out /tmp/probe`.
+(router/embedder_onnx.py). Run from the repository root:
+`.venv/bin/python -m load_tests.probe_embedding_backends --out /tmp/probe`.
 
 It prints per-request milliseconds at batch 1 and 16 with 1 and 2 threads, each backend's ratio to torch, and
 the lowest cosine similarity of each backend's embeddings to torch's (1.0: the same routes).
@@ -24,13 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from load_tests.common import datasets
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-DATASETS = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "long_sequence"
 
 
 def routed_texts(per_task: int) -> list[str]:
+    """The first test rows of every Long Sequence task under SKILLPOOL_DATASETS, as the router sees them."""
+    folder = datasets() / "long_sequence"
     texts = []
-    for f in sorted(DATASETS.glob("*/test.jsonl")):
+    for f in sorted(folder.glob("*/test.jsonl")):
         with f.open() as fh:
             for i, line in enumerate(fh):
                 if i >= per_task:
@@ -38,7 +42,7 @@ def routed_texts(per_task: int) -> list[str]:
                 r = json.loads(line)
                 texts.append(r["instruction"] + "\n" + r["input"])
     if not texts:
-        raise SystemExit(f"no Long Sequence tasks under {DATASETS}")
+        raise SystemExit(f"no Long Sequence tasks under {folder}")
     return texts
 
 
@@ -73,7 +77,7 @@ def main() -> None:
     fp32, int8 = export(a.out)
     ref = emb.embed(texts)
 
-    def session(path: Path, threads: int) -> Any:
+    def ort_runner(path: Path, threads: int) -> Any:
         o = ort.SessionOptions()
         o.intra_op_num_threads, o.inter_op_num_threads = threads, 1
         return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
@@ -99,7 +103,7 @@ def main() -> None:
     print(f"{len(texts)} routed texts, max_seq_length {st.max_seq_length}")
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        s32, s8 = session(fp32, threads), session(int8, threads)
+        s32, s8 = ort_runner(fp32, threads), ort_runner(int8, threads)
         cos = {}
         for name, s in (("fp32", s32), ("int8", s8)):
             e = np.concatenate([ort_embed(s, texts[i : i + 16]) for i in range(0, len(texts), 16)])

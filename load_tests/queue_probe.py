@@ -1,6 +1,6 @@
-"""Probe how RQ 3.0.0 recovers a training job when its worker dies (evidence for docs/job-queue.md).
+"""Probe how RQ 3.0.0 recovers a training job when its worker dies (evidence for docs/design/decisions.md).
 
-RQ is the closest library to our own Redis protocol (trainer/redis_jobs.py), so this checks, against real
+RQ is the closest library to our own Redis protocol (trainer/jobs/redis_queue.py), so this checks, against real
 processes, the numbers that decided against it. Four scenarios run side by side, each with its own
 redis-server, RQ fork `Worker`s and sleep-only jobs (no CPU load), all enqueued with `job_timeout=-1` and
 `Retry(max=2)`:
@@ -16,7 +16,7 @@ RQ is never imported into skillpool's venv. The probe makes (if missing) a throw
 `pip install rq==3.0.0 redis` and runs the workers and enqueues there; it talks to Redis with redis-py only.
 It takes about 3.5 minutes and needs `redis-server` on PATH.
 
-    .venv/bin/python load_tests/queue_probe.py --venv /tmp/qv
+    .venv/bin/python -m load_tests.queue_probe --venv /tmp/qv
 """
 
 from __future__ import annotations

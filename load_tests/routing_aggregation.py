@@ -3,7 +3,7 @@ against the median, a trimmed mean (the worst group dropped) and the min, which 
 search. All tasks are learned into one router; every test input goes to its nearest slot by each
 aggregation, in the router's whitened space, with no gate. Prints top-1 per aggregation.
 
-    .venv/bin/python load_tests/routing_aggregation.py --tasks ../shared/datasets/long_sequence/* \
+    .venv/bin/python -m load_tests.routing_aggregation --tasks "$SKILLPOOL_DATASETS"/long_sequence/* \
         [--text with-instruction|input-only] [--train-limit 300] [--cache DIR]
 """
 
@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from skillpool.evaluation.tasks import load_task  # noqa: E402
-from skillpool.router import Router, RouterSettings  # noqa: E402
-from skillpool.router.dtkr import split_groups  # noqa: E402
-from skillpool.router.embedder import CachedEmbedder, Embedder, SentenceEmbedder  # noqa: E402
+from skillpool.evaluation.tasks import load_task
+from skillpool.router import Router, RouterSettings
+from skillpool.router.dtkr import split_groups
+from skillpool.router.embedder import CachedEmbedder, Embedder, SentenceEmbedder
 
 AGGREGATIONS = {
     "mean": lambda c: c.mean(-1),

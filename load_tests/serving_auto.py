@@ -65,7 +65,7 @@ def interleaved(
     pid: int,
     url: str,
     vary: float = 0.0,
-) -> tuple[dict[str, Result], float]:
+) -> tuple[dict[str, Result], float, float]:
     """Rounds of every side (order flipped each round) after a warm-up of the first; each side's rounds pooled.
     Every side sends the same prompts, each run under a tag of its own ("[a1] ...") so that no run finds
     another run's prompt KV in the prefix cache, while prompts within a run share their instructions' KV as
@@ -99,7 +99,7 @@ def interleaved(
                 cpu += process_cpu_s(pid) - c0
                 for k, v in router_metrics(url).items():
                     routing[k] += v - r0[k]
-    pooled = {n: ([x for res, _ in p for x in res], sum(w for _, w in p)) for n, p in parts.items()}
+    pooled = {n: ([x for res, _ in p for x in res], sum((w for _, w in p), 0.0)) for n, p in parts.items()}
     cpu_share = routing[ROUTER_METRICS[0]] / cpu if cpu else 0.0
     n = routing[ROUTER_METRICS[2]]
     return pooled, cpu_share, routing[ROUTER_METRICS[1]] / n if n else 0.0
@@ -140,11 +140,13 @@ def auto_scenarios(
             load = Load(client, max_tokens)
             load.one("auto", prompts[-1])  # warm-up: loads the router and the engine
 
-            other: tuple[str, Callable[[str], str]] = (
-                ("base", lambda t: "base")
-                if label == "empty pool"
-                else (f"forced to auto's routes, {label}", lambda t, routes=load.routes: routes[f"[w] {t}"])
-            )
+            def base_model(t: str) -> str:
+                return "base"
+
+            def auto_route(t: str, routes: dict[str, str] = load.routes) -> str:  # what auto gave it in the warm-up
+                return routes[f"[w] {t}"]
+
+            other = ("base", base_model) if label == "empty pool" else (f"forced to auto's routes, {label}", auto_route)
             sides: dict[str, Callable[[str], str]] = {f"auto, {label}": lambda t: "auto", other[0]: other[1]}
             for n in counts or (1, clients):
                 res, share, wait = interleaved(load, n, per_client, prompts, sides, rounds, srv.proc.pid, srv.url, vary)

@@ -4,14 +4,19 @@ client, and the summary of its per-request timings."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import random
 import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from load_tests.common import rows, user_text
+from load_tests.common import rows, status_kib, user_text
+from load_tests.fixtures import random_skills, write_store
+
+if TYPE_CHECKING:
+    from skillpool.router import Router
 
 GROUP = "superni"
 TASKS = (
@@ -20,57 +25,30 @@ TASKS = (
     "task1590_diplomacy_text_generation",
     "task748_glucose_reverse_cause_event_detection",
 )
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def make_skills(data_dir: Path, n: int, rank: int, seed: int = 0) -> list[str]:
-    """n skills: random rank-r blocks on q,k,v,o; skill i gets task i%4's router keys with a little noise."""
+    """n skills on the packaged model: random rank-r LoRAs on q,k,v,o (alpha 2r); skill i gets task i%4's router
+    keys with a little noise."""
     import torch
-    from safetensors.torch import load_file
 
     from skillpool.adapters_store.base_model import resolve_base_model
-    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
-    from skillpool.adapters_store.store import SkillDraft, SkillStore
-    from skillpool.router import Router
-    from skillpool.router.embedder import SentenceEmbedder
 
-    base = resolve_base_model()
-    shapes: dict[str, tuple[int, int]] = {}
-    weights = load_file(str(next(base.path.glob("*.safetensors"))))
-    for key, t in weights.items():
-        mod = key.removesuffix(".weight")
-        if key.endswith(".weight") and mod.rsplit(".", 1)[-1] in TARGETS:
-            shapes[mod] = (t.shape[1], t.shape[0])
-    del weights
-    store, router = SkillStore(data_dir), Router(SentenceEmbedder())
-    keys = [router.prepare_keys([user_text(r) for r in rows(GROUP, t, "train", 200)]) for t in TASKS]
+    config = json.loads((resolve_base_model().path / "config.json").read_text())
+    texts = [[user_text(r) for r in rows(GROUP, t, "train", 200)] for t in TASKS]
+    prepared: list[dict[str, torch.Tensor]] = []
     g = torch.Generator().manual_seed(seed)
-    names = []
-    for i in range(n):
-        name = f"skill-{i:04d}"
-        adapter = LoRAAdapter(
-            {
-                m: LoRAFactors(
-                    torch.randn(rank, d_in, generator=g) * 0.02, torch.randn(d_out, rank, generator=g) * 0.02, 2.0
-                )
-                for m, (d_in, d_out) in shapes.items()
-            }
-        )
-        tensors = {k: v.clone() for k, v in keys[i % len(TASKS)].items()}
+
+    def keys(router: Router, i: int) -> dict[str, torch.Tensor]:
+        if not prepared:  # with the store's router, once
+            prepared.extend(router.prepare_keys(t) for t in texts)
+        tensors = {k: v.clone() for k, v in prepared[i % len(TASKS)].items()}
         for k in ("dtkr_keys", "centroid_keys"):
             tensors[k] = tensors[k] + 0.01 * torch.randn(tensors[k].shape, generator=g)
-        store.write(
-            SkillDraft(
-                name=name,
-                write_adapter=lambda f, a=adapter: save_peft_adapter(a, f, base.model_id, 2.0 * rank, TARGETS),
-                router_tensors=tensors,
-                meta={"base_model": {"id": base.model_id, "fingerprint": base.fingerprint}, "eval": None},
-                replay=[],
-                probe=[],
-            )
-        )
-        names.append(name)
-    return names
+        return tensors
+
+    skills = random_skills(config, n, rank, seed, alpha=2.0 * rank)
+    return write_store(data_dir, skills, keys=keys, embedder_device=None)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -113,8 +91,12 @@ class Load:
     def closed(self, clients: int, per_client: int, pick: Any) -> tuple[list[dict[str, float]], float]:
         """`clients` closed loops, each sending its next request when the last one ends."""
         t0 = time.perf_counter()
+
+        def client(c: int) -> list[dict[str, float]]:
+            return [self.one(*pick(c, j)) for j in range(per_client)]
+
         with cf.ThreadPoolExecutor(clients) as pool:
-            futs = [pool.submit(lambda c=c: [self.one(*pick(c, j)) for j in range(per_client)]) for c in range(clients)]
+            futs = [pool.submit(client, c) for c in range(clients)]
             res = [r for f in futs for r in f.result()]
         return res, time.perf_counter() - t0
 
@@ -127,7 +109,7 @@ class Load:
         with cf.ThreadPoolExecutor(64) as pool:
             futs = []
             for j in range(n):
-                futs.append(pool.submit(lambda j=j: self.one(*pick(0, j))))
+                futs.append(pool.submit(self.one, *pick(0, j)))
                 time.sleep(rng.expovariate(rate))
             for f in futs:
                 with lock:
@@ -151,7 +133,4 @@ def summarize(res: list[dict[str, float]], wall: float, slo_ttft: float, slo_itl
 
 
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return status_kib(pid, "VmRSS") / 1024

@@ -15,15 +15,16 @@ import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "load_tests" / "bench_vllm_mixes.py"
+REPO = Path(__file__).resolve().parents[2]
 ROWS = ("base", "base_in_mix_engine", "mix16", "mix64", "mix256")
 
 
 def test_the_cpu_rehearsal_writes_every_row_and_the_ratio_table(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
-    cmd = [sys.executable, str(SCRIPT), "--shape", "tiny", "--device", "cpu", "--out", str(tmp_path), "--n", "16"]
+    cmd = [sys.executable, "-m", "load_tests.bench_vllm_mixes", "--shape", "tiny", "--device", "cpu"]
+    cmd += ["--out", str(tmp_path), "--n", "16"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
 
     rows = {r["row"]: r for r in map(json.loads, (tmp_path / "rows.jsonl").read_text().splitlines())}

@@ -1,0 +1,150 @@
+"""Synthetic models and skills for the benchmarks: a config-only LLaMA folder (vLLM's dummy load format fills it with
+random weights) and random LoRA skills on every layer's q,k,v,o, as PEFT folders or as skills of a store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from skillpool.adapters_store.lora import LoRAAdapter
+    from skillpool.router import Router
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+# A router's keys for the i-th skill written into a store
+Keys = Callable[["Router", int], dict[str, "Tensor"]]
+
+
+def dummy_model(folder: Path, shape: Mapping[str, Any], dtype: str, base_config: Path | None = None) -> Path:
+    """config.json of a LLaMA of `shape` (hidden_size, num_hidden_layers, ...) and SmolLM2's tokenizer, no weights.
+
+    The vocabulary size, BOS and EOS come from the base model's config unless `shape` sets them. No
+    generation_config.json, so no server takes sampling defaults from one. `base_config`: a folder with SmolLM2's
+    config.json and tokenizer files (default: the packaged model)."""
+    from skillpool.adapters_store.base_model import resolve_base_model
+
+    src = base_config or resolve_base_model().path
+    base = json.loads((src / "config.json").read_text())
+    config: dict[str, Any] = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_act="silu",
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        torch_dtype=dtype,
+        bos_token_id=base["bos_token_id"],
+        eos_token_id=base["eos_token_id"],
+        vocab_size=base["vocab_size"],
+        tie_word_embeddings=False,
+    )
+    config.update(shape)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    for name in TOKENIZER_FILES:
+        if (src / name).exists():
+            shutil.copy(src / name, folder / name)
+    return folder
+
+
+def attention_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of every layer's q,k,v,o projection of a LLaMA-style config, by module path."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head = config.get("head_dim") or hidden // heads
+    q, kv = heads * head, config["num_key_value_heads"] * head
+    sizes = {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden)}
+    return {
+        f"model.layers.{layer}.self_attn.{m}": sizes[m] for layer in range(config["num_hidden_layers"]) for m in TARGETS
+    }
+
+
+def random_skills(
+    config: Mapping[str, Any], n: int, rank: int, seed: int = 0, alpha: float | None = None
+) -> Iterator[tuple[str, LoRAAdapter]]:
+    """n random rank-`rank` LoRAs on every layer's q,k,v,o (A and B ~ N(0, 0.02²), scaling alpha / rank; alpha
+    defaults to rank), named skill-0000, skill-0001, ...; made one at a time, so a large pool never sits in memory."""
+    import torch
+
+    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+
+    shapes = attention_shapes(config)
+    scaling = (alpha if alpha is not None else rank) / rank
+    g = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        blocks = {
+            m: LoRAFactors(
+                torch.randn(rank, d_in, generator=g) * 0.02, torch.randn(d_out, rank, generator=g) * 0.02, scaling
+            )
+            for m, (d_in, d_out) in shapes.items()
+        }
+        yield f"skill-{i:04d}", LoRAAdapter(blocks)
+
+
+def save_peft(skills: Iterable[tuple[str, LoRAAdapter]], folder: Path, base_model_id: str) -> list[Path]:
+    """Each skill as a PEFT folder folder/NAME (what vLLM's --lora-modules and skillpool's uploads read)."""
+    from skillpool.adapters_store.lora import save_peft_adapter
+
+    paths = []
+    for name, adapter in skills:
+        save_peft_adapter(adapter, folder / name, base_model_id, _alpha(adapter), TARGETS)
+        paths.append(folder / name)
+    return paths
+
+
+def write_store(
+    data_dir: Path,
+    skills: Iterable[tuple[str, LoRAAdapter]],
+    model: Path | None = None,
+    keys: Keys | None = None,
+    embedder_device: str | None = "cpu",
+) -> list[str]:
+    """The skills written into the skill store of a server's data dir, on `model` (default: the packaged one), with
+    router keys from `keys` (default: random unit embeddings; requests that force a skill by name need no more)."""
+    import numpy as np
+
+    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.adapters_store.lora import save_peft_adapter
+    from skillpool.adapters_store.store import SkillDraft, SkillStore
+    from skillpool.router import Router
+    from skillpool.router.embedder import SentenceEmbedder
+
+    base = resolve_base_model(model)
+    store, router = SkillStore(data_dir), Router(SentenceEmbedder(device=embedder_device))
+    rng = np.random.default_rng(0)
+
+    def random_keys(router: Router, i: int) -> dict[str, Tensor]:
+        emb = rng.normal(size=(32, router.embedder.dim)).astype(np.float32)
+        return router.prepare_keys_from_embeddings(emb / np.linalg.norm(emb, axis=1, keepdims=True))
+
+    names = []
+    for i, (name, adapter) in enumerate(skills):
+        store.write(
+            SkillDraft(
+                name=name,
+                write_adapter=lambda f, a=adapter: save_peft_adapter(a, f, base.model_id, _alpha(a), TARGETS),
+                router_tensors=(keys or random_keys)(router, i),
+                meta={"base_model": {"id": base.model_id, "fingerprint": base.fingerprint}, "eval": None},
+                replay=[],
+                probe=[],
+            )
+        )
+        names.append(name)
+    return names
+
+
+def _alpha(adapter: LoRAAdapter) -> float:
+    """PEFT's lora_alpha for an adapter whose blocks share one rank and scaling."""
+    block = next(iter(adapter.modules.values()))
+    return block.scaling * block.rank
