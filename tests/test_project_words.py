@@ -55,8 +55,8 @@ def test_no_tracked_file_speaks_of_how_it_was_built() -> None:
 
 def test_the_check_finds_each_kind_of_word(tmp_path: Path) -> None:
     samples = [
-        "see " + "issue 46",
-        "as in " + "stop 51",
+        "see " + "issue" + " 46",
+        "as in " + "stop" + " 51",
         "the " + "le" + "nt GPU",
         "device" + " time left",
         "in this " + "sess" + "ion",
