@@ -125,6 +125,7 @@ def build_components(
     metrics = Metrics()
     store = SkillStore(cfg.data_dir)
     engine = engine or make_engine(cfg, base, metrics)
+    metrics.watch_engine(engine)
     embedder = embedder or make_embedder(cfg.embedder, cfg.device)
     router = make_router(cfg.router, base, embedder, cfg.device)
     pool = SkillPool(store, engine, router, base, metrics)
@@ -132,10 +133,11 @@ def build_components(
     bus.subscribe(pool.on_event)
     # the gate generates with this engine: a skill is judged by the engine that will serve it
     trainer = trainer or SkillTrainer(store, router, base, device=cfg.device, judge=EngineJudge(engine))
-    runner = make_runner(trainer, metrics, lambda: serving_busy(engine)) if cfg.run_trainer else None
-    count = lambda j: metrics.training_jobs.labels(j.status).inc()  # noqa: E731
+    runner = make_runner(trainer, metrics.training, lambda: serving_busy(engine)) if cfg.run_trainer else None
     stored = announcer(bus, pool.register)  # served here at once, then by every server that reads the bus
-    jobs = make_job_queue(cfg.redis_url, cfg.data_dir / "jobs", runner, stored, count, cfg.redis_prefix)
+    ended = metrics.training.job_ended
+    jobs = make_job_queue(cfg.redis_url, cfg.data_dir / "jobs", runner, stored, ended, cfg.redis_prefix)
+    metrics.training.watch(jobs, "redis" if cfg.redis_url else "local")
     on_cpu = resolve_device(cfg.device) == "cpu"
     chunk = cfg.routing_batch_size or (1 if on_cpu else cfg.max_batch_size)
     workers = cfg.router_threads if on_cpu else 1  # a GPU MiniLM batches instead

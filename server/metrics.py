@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from skillpool.trainer.service import Catalog, TrainingMetrics
+
+from .engines import Engine
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _BATCH_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -14,6 +19,7 @@ _COSINE = tuple(i / 10 for i in range(-2, 11))
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.catalog: Catalog = {}  # exposition name -> (type, labels): checked against deploy/README.md's table
         counter, gauge, histogram = self._counter, self._gauge, self._histogram
         self.requests = counter("skillpool_requests_total", "HTTP requests", "endpoint", "status")
         self.request_seconds = histogram("skillpool_request_duration_seconds", "End-to-end request latency", "endpoint")
@@ -40,18 +46,8 @@ class Metrics:
             "skillpool_router_score", "Best key cosine score per routed request", buckets=_COSINE
         )
         self.batch_size = histogram("skillpool_batch_size", "Rows in each engine decode step", buckets=_BATCH_ROWS)
-        self.queue_depth = gauge("skillpool_queue_depth", "Requests waiting for the engine")
-        self.running = gauge("skillpool_requests_running", "Requests in the engine's running batch")
         self.skills = gauge("skillpool_skills", "Skills registered and routable")
-        self.training_jobs = counter("skillpool_training_jobs_total", "Training jobs finished, by status", "status")
-        self.training_queue = gauge("skillpool_training_jobs_pending", "Training jobs queued or running")
-        self.trainer_up = gauge(  # labelled, so a server without a trainer (Redis workers train) exports none
-            "skillpool_trainer_up",
-            "1 while this server's trainer thread runs, 0 once it died (uploads queue but never train)",
-            "queue",
-        )
-        self.training_loss = gauge("skillpool_training_loss", "Latest smoothed training loss", "skill")
-        self.training_tokens_per_s = gauge("skillpool_training_tokens_per_second", "Training throughput", "skill")
+        self.training = TrainingMetrics(self.registry)  # the same series `skillpool worker --metrics-port` exports
         self.labelled = counter(
             "skillpool_labelled_requests_total",
             "Auto-routed requests that named the skill they expect (metadata.expected_skill), by top-1 correct",
@@ -71,21 +67,71 @@ class Metrics:
         self.skill_eval = gauge(
             "skillpool_skill_eval_score", "Held-out score of each skill at training time", "skill", "metric"
         )
-        self.resident_skills = gauge(
-            "skillpool_resident_skills", "Skills whose adapter weights are loaded in the engine now"
-        )
+        self._engine = EngineCollector()
+        self.registry.register(self._engine)
+        self.catalog.update(self._engine.catalog)
+        self.catalog.update(self.training.catalog)
+
+    def watch_engine(self, engine: Engine) -> None:
+        """Read this engine's health, queue and resident adapters at every scrape."""
+        self._engine.engine = engine
 
     def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        self.catalog[name.removesuffix("_total") + "_total"] = ("counter", labels)  # as the client exposes it
         return Counter(name, doc, labels, registry=self.registry)
 
     def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        self.catalog[name] = ("gauge", labels)
         return Gauge(name, doc, labels, registry=self.registry)
 
     def _histogram(self, name: str, doc: str, *labels: str, buckets: Sequence[float] = _LATENCY) -> Histogram:
+        self.catalog[name] = ("histogram", labels)
         return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
-    def training_progress(self, skill: str, loss: float | None, tokens_per_s: float) -> None:
-        """trainer.jobs.runner.TrainingObserver: a job's latest loss and throughput as gauges."""
-        if loss is not None:
-            self.training_loss.labels(skill).set(loss)
-        self.training_tokens_per_s.labels(skill).set(tokens_per_s)
+
+class EngineCollector:
+    """The engine's state, read when Prometheus scrapes: cheaper than keeping gauges current, and never stale.
+    `engine_last_step_age_seconds` grows only when the loop is stuck: an idle loop still completes iterations."""
+
+    _FAMILIES = (
+        ("skillpool_queue_depth", "gauge", "Requests waiting for the engine"),
+        ("skillpool_requests_running", "gauge", "Requests in the engine's running batch"),
+        ("skillpool_resident_skills", "gauge", "Skills whose adapter weights are loaded in the engine now"),
+        ("skillpool_adapter_loads", "counter", "Adapters loaded into the engine (first use, or again after eviction)"),
+        ("skillpool_engine_up", "gauge", "1 while the engine's loop is alive, 0 once it died (restart the server)"),
+        (
+            "skillpool_engine_last_step_age_seconds",
+            "gauge",
+            "Seconds since the engine's loop last completed an iteration",
+        ),
+    )
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.catalog: Catalog = {
+            name + ("_total" if kind == "counter" else ""): (kind, ()) for name, kind, _ in self._FAMILIES
+        }
+
+    def describe(self) -> Iterable[Metric]:
+        return [_family(name, kind, doc, None) for name, kind, doc in self._FAMILIES]
+
+    def collect(self) -> Iterator[Metric]:
+        if self.engine is None:
+            return
+        stats = self.engine.stats()
+        values = (
+            stats["waiting"],
+            stats["running"],
+            stats["resident_skills"],
+            stats.get("adapter_loads", 0),
+            1.0 if self.engine.healthy() else 0.0,
+            self.engine.last_step_age(),
+        )
+        for (name, kind, doc), value in zip(self._FAMILIES, values):
+            yield _family(name, kind, doc, float(value))
+
+
+def _family(name: str, kind: str, doc: str, value: float | None) -> Metric:
+    if kind == "counter":
+        return CounterMetricFamily(name, doc, value=value)
+    return GaugeMetricFamily(name, doc, value=value)

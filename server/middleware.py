@@ -20,6 +20,7 @@ from .errors import envelope
 from .metrics import Metrics
 
 _GUARDED = ("/v1", "/tasks")
+_UNCOUNTED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: not traffic
 _MULTIPART = ("/tasks", "/v1/files")
 
 
@@ -48,7 +49,10 @@ class AuthAndCount:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = str(scope["path"])
+        path, t0 = str(scope["path"]), time.perf_counter()
+        if path in _UNCOUNTED:
+            await self.app(scope, receive, send)
+            return
         if path.startswith(_GUARDED):
             principal = self.keys.principal(dict(scope["headers"]).get(b"authorization", b""))
             need = required_role(str(scope["method"]), path)
@@ -57,33 +61,32 @@ class AuthAndCount:
             if (why := denial(principal, need)) is not None:
                 status, msg, code = why
                 await send_json(send, status, envelope(status, msg, None, code))
-                self.metrics.requests.labels(self._endpoint(path), str(status)).inc()
+                self._count(self._endpoint(path), status, t0)
                 return
             scope.setdefault("state", {})["principal"] = principal  # request.state.principal (server.auth)
         if json_required(scope):
             msg = "Content-Type must be application/json"
             await send_json(send, 415, envelope(415, msg, "content-type", "unsupported_media_type"))
-            self.metrics.requests.labels("unmatched", "415").inc()
+            self._count("unmatched", 415, t0)
             return
-        t0 = time.perf_counter()
-        status, streaming = 500, False
+        status = 500
 
         async def counted(message: Message) -> None:
-            nonlocal status, streaming
+            nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
-                headers = dict(message.get("headers") or [])
-                streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
             await send(message)
 
         try:
             await self.app(scope, receive, counted)
-        finally:
+        finally:  # after the last byte: a stream's duration is its whole answer's
             route: Any = scope.get("route")
-            endpoint = route.path if route is not None else "unmatched"
-            self.metrics.requests.labels(endpoint, str(status)).inc()
-            if not streaming:  # a stream's duration is the answer's, recorded by the chat handler
-                self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
+            self._count(route.path if route is not None else "unmatched", status, t0)
+
+    def _count(self, endpoint: str, status: int, t0: float) -> None:
+        """The one place a request is counted and timed: once each, whether refused, answered or streamed."""
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+        self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
 
     def _endpoint(self, path: str) -> str:
         """The path template a refused request matches (the label it would have had once routed), or "unmatched"."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from prometheus_client import Gauge
+
 from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.store import SkillRecord, SkillStore
 from skillpool.router import Features, Router
@@ -28,6 +30,8 @@ class SkillPool:
         self._aliases: dict[str, str] = {}  # fine_tuned_model id -> skill name
         self._broken: set[tuple[str, int]] = set()  # versions that failed to load: not retried by every resync
         self._probe_feats: dict[tuple[str, int], Features] = {}  # probe features, computed once per version
+        self._eval_metric: dict[str, str] = {}  # skill -> the metric label of its skill_eval series
+        self._measured: set[str] = set()  # skills that have a routing_accuracy series
         self._lock = threading.Lock()
 
     def load_all(self) -> None:
@@ -56,9 +60,11 @@ class SkillPool:
             if alias := rec.meta.get("fine_tuned_model"):
                 self._aliases[str(alias)] = rec.name
             self.metrics.skills.set(len(self._records))
-        score = (rec.meta.get("eval") or {}).get("score")
-        if score is not None:
-            self.metrics.skill_eval.labels(rec.name, rec.meta["eval"]["metric"]).set(score)
+            self._drop_eval(rec.name)  # a new version, or a rollback: the score shown is the serving version's
+            score = (rec.meta.get("eval") or {}).get("score")
+            if score is not None:
+                self._eval_metric[rec.name] = metric = str(rec.meta["eval"]["metric"])
+                self.metrics.skill_eval.labels(rec.name, metric).set(score)
         if measure:
             self.measure_routing()
         log.info("serving skill %s v%d", rec.name, rec.version)
@@ -77,15 +83,18 @@ class SkillPool:
                 self._probe_feats[key] = self.router.features([p["route_text"] for p in rec.probe()])
             names += [rec.name] * len(self._probe_feats[key].emb)
             feats.append(self._probe_feats[key])
-        if not names:
-            return {}
-        decisions = self.router.route_features(Features.concat(feats))
-        hits: dict[str, list[bool]] = {}
-        for name, d in zip(names, decisions):
-            hits.setdefault(name, []).append(bool(d.route) and d.route[0][0] == name)
-        acc = {name: sum(h) / len(h) for name, h in hits.items()}
+        acc: dict[str, float] = {}
+        if names:
+            decisions = self.router.route_features(Features.concat(feats))
+            hits: dict[str, list[bool]] = {}
+            for name, d in zip(names, decisions):
+                hits.setdefault(name, []).append(bool(d.route) and d.route[0][0] == name)
+            acc = {name: sum(h) / len(h) for name, h in hits.items()}
         for name, a in acc.items():
             self.metrics.routing_accuracy.labels(name).set(a)
+        for name in self._measured - acc.keys():  # retired, or no probe prompts any more: no stale accuracy
+            _remove(self.metrics.routing_accuracy, name)
+        self._measured = set(acc)
         return acc
 
     def unregister(self, name: str) -> None:
@@ -98,8 +107,13 @@ class SkillPool:
             self.engine.remove_skill(name)
             self._aliases = {a: n for a, n in self._aliases.items() if n != name}
             self.metrics.skills.set(len(self._records))
-        self.measure_routing()
+            self._drop_eval(name)
+        self.measure_routing()  # which drops its routing accuracy: a retired skill leaves no per-skill series
         log.info("retired skill %s", name)
+
+    def _drop_eval(self, name: str) -> None:
+        if (metric := self._eval_metric.pop(name, None)) is not None:
+            _remove(self.metrics.skill_eval, name, metric)
 
     def on_event(self, event: SkillEvent) -> None:
         """A worker elsewhere stored a skill version, or a server retired or rolled back a skill: follow the
@@ -157,3 +171,10 @@ class SkillPool:
 
     def records(self) -> list[SkillRecord]:
         return sorted(self._records.values(), key=lambda r: r.meta.get("created", 0))
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:  # gone already (older prometheus_client releases raise for a series they lack)
+        pass

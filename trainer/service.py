@@ -1,5 +1,5 @@
 """What a serving process takes from the trainer, in one place: the jobs and their queue, the skill trainer
-and its runner, the skill-event bus, and the flags a server shares with `skillpool worker`.
+and its runner, the training metrics, the skill-event bus, and the flags a server shares with `skillpool worker`.
 
 The server imports this module (and trainer.config, trainer.datasets, trainer.events), never the trainer's
 other modules: an import-linter contract in pyproject.toml keeps it so.
@@ -16,6 +16,7 @@ from .bus import LocalEventBus, RedisEventBus, SkillEventBus, announcer, make_ev
 from .jobs.failures import describe
 from .jobs.job import Job, JobQueue, Runner, new_job_id
 from .jobs.local_queue import LocalJobQueue
+from .jobs.metrics import Catalog, TrainingMetrics
 from .jobs.redis_queue import RedisJobQueue
 from .jobs.runner import TrainingObserver, make_runner
 from .judge import Prompt
@@ -27,6 +28,7 @@ from .threads import add_threads_argument, set_threads
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "Catalog",
     "TERMINAL",
     "Example",
     "Job",
@@ -37,6 +39,7 @@ __all__ = [
     "RedisEventBus",
     "SkillEventBus",
     "SkillTrainer",
+    "TrainingMetrics",
     "TrainingObserver",
     "add_threads_argument",
     "announcer",

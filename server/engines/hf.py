@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import queue
-import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from .kv import KVBatch
 from .kv_budget import KVBudget
 from .prefill import Prefill
 from .prefix import PrefixCache
+from .priority import lower_priority
 from .protocol import (
     AdapterLoader,
     EngineBusy,
@@ -53,18 +53,7 @@ from .rows import Row, Sink, deliver, sample
 
 log = logging.getLogger(__name__)
 
-
-def lower_priority(nice: int) -> None:
-    """Raise the calling thread's nice value by `nice` (Linux: nice is per thread, and the torch threads this
-    thread starts inherit it). Decode steps then yield the cores to routing and HTTP, which are short and what
-    a request's time to first token waits on; alone on the cores they run as fast as before."""
-    if nice <= 0 or not sys.platform.startswith("linux"):  # elsewhere PRIO_PROCESS would name a process, not us
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except (OSError, AttributeError) as e:  # not Linux, or not allowed: run at the same priority
-        log.warning("could not lower the engine thread's priority: %s", e)
+HEARTBEAT_S = 1.0  # the longest an idle loop waits for work: its last-step age stays below this while it lives
 
 
 def cache_keyword(model: Any) -> str:
@@ -142,6 +131,7 @@ class HFEngine(Prefill, StreamsEvents):
         self._pending = 0  # submitted and not yet admitted to the batch (for backpressure)
         self._pending_lock = threading.Lock()
         self._alive = True
+        self._beat = time.monotonic()  # when the loop last began an iteration
         self._stepping: list[Row] = []  # the rows the current step touched (they fail if it raises)
         self._aborted = 0  # requests that ended by abort (a client went away)
         self.nice = nice if self.device.type == "cpu" else 0
@@ -178,11 +168,15 @@ class HFEngine(Prefill, StreamsEvents):
     def healthy(self) -> bool:
         return self._alive and self._thread.is_alive()
 
+    def last_step_age(self) -> float:
+        return time.monotonic() - self._beat
+
     def stats(self) -> dict[str, int]:
         return {
             "running": len(self._running),
             "waiting": self._pending,
             "resident_skills": len(self.bank),
+            "adapter_loads": self.skills.loads,
             "known_skills": self.skills.known,
             "aborted": self._aborted,
             "prefix_cached_tokens": self.prefix.cached_tokens,
@@ -199,8 +193,13 @@ class HFEngine(Prefill, StreamsEvents):
         lower_priority(self.nice)
         try:
             while True:
+                self._beat = time.monotonic()
                 idle = not self._running and not self._waiting
-                if not self._apply(self._inbox.get() if idle else None):
+                try:  # a bounded wait: an idle loop still ticks, so only a stuck one grows its last-step age
+                    first = self._inbox.get(timeout=HEARTBEAT_S) if idle else None
+                except queue.Empty:
+                    first = None
+                if not self._apply(first):
                     return
                 if not self._apply_all():
                     return

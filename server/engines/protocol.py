@@ -121,8 +121,14 @@ class Engine(Protocol):
 
     def healthy(self) -> bool: ...
 
+    def last_step_age(self) -> float:
+        """Seconds since the engine's loop last completed an iteration; an idle loop still iterates (a bounded
+        wait), so this grows only while the loop is stuck or dead."""
+        ...
+
     def stats(self) -> dict[str, int]:
-        """running, waiting, resident_skills, known_skills, aborted (requests ended by abort so far)."""
+        """running, waiting, resident_skills, known_skills, aborted (requests ended by abort so far),
+        adapter_loads (adapters loaded into the engine so far)."""
         ...
 
     def close(self) -> None: ...

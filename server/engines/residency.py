@@ -23,6 +23,7 @@ class SkillResidency:
         self._loaders: dict[str, AdapterLoader] = {}  # live version key -> reads the weights
         self._generation = 0
         self._lru: OrderedDict[str, None] = OrderedDict()  # resident version keys, least recently used first
+        self.loads = 0  # adapters read into the bank so far: first uses and reloads after an eviction
 
     @property
     def known(self) -> int:
@@ -66,6 +67,7 @@ class SkillResidency:
                     return False
             self.bank.add(key, load())
             self._lru[key] = None
+            self.loads += 1
         return True
 
     def sweep(self, in_use: set[str]) -> None:

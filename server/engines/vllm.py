@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from .vllm_mix.slots import Resident, SkillSlots
 log = logging.getLogger(__name__)
 
 ZERO_ID = 1  # the all-zero adapter of base rows on CPU; mix ids start after it
+HEARTBEAT_S = 1.0  # how often the engine loop proves it runs: its last-step age stays below this while it lives
 
 
 @dataclass
@@ -98,7 +100,8 @@ class VLLMEngine(StreamsEvents):
         self._ranks: dict[str, int] = {}
         self._generation = itertools.count(1)
         self._inflight: dict[str, _Flight] = {}
-        self._aborted = self._capped = 0
+        self._aborted = self._capped = self._slot_loads = 0
+        self._beat = time.monotonic()
         self.mixes = MixCache(
             cache_dir / "vllm-mixes",
             base_model_id,
@@ -135,6 +138,7 @@ class VLLMEngine(StreamsEvents):
         self._thread = threading.Thread(target=self._loop.run_forever, name="skillpool-engine-vllm", daemon=True)
         self._thread.start()
         self.llm: Any = asyncio.run_coroutine_threadsafe(self._launch(args), self._loop).result()
+        self._ticking = asyncio.run_coroutine_threadsafe(self._tick(), self._loop)
 
     # --- construction -------------------------------------------------------------------------
     @staticmethod
@@ -143,6 +147,13 @@ class VLLMEngine(StreamsEvents):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         return AsyncLLM.from_engine_args(args)
+
+    async def _tick(self) -> None:
+        """vLLM steps in its own core process (whose death `healthy` reads from `llm.errored`); what can stall
+        here is the event loop every request and every output passes through, so that loop keeps the beat."""
+        while True:
+            self._beat = time.monotonic()
+            await asyncio.sleep(HEARTBEAT_S)
 
     def _zero_request(self, config: Any, folder: Path) -> Any:
         from vllm.lora.request import LoRARequest
@@ -194,6 +205,9 @@ class VLLMEngine(StreamsEvents):
     def healthy(self) -> bool:
         return self._thread.is_alive() and not self.llm.errored
 
+    def last_step_age(self) -> float:
+        return time.monotonic() - self._beat
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             n, known = len(self._inflight), len(self._current)
@@ -204,6 +218,7 @@ class VLLMEngine(StreamsEvents):
             "known_skills": known,
             "aborted": self._aborted,
             "capped_mixes": self._capped,  # mixes that lost skills to fit max_lora_rank
+            "adapter_loads": self._slot_loads if self.exact else self.mixes.builds,
         }
 
     def close(self) -> None:
@@ -211,6 +226,7 @@ class VLLMEngine(StreamsEvents):
             flights = list(self._inflight.values())
         for f in flights:
             self._loop.call_soon_threadsafe(self._cancel, f)
+        self._ticking.cancel()
         try:
             self.llm.shutdown()
         finally:
@@ -252,6 +268,7 @@ class VLLMEngine(StreamsEvents):
 
         await self.llm.add_lora(LoRARequest(r.name, r.lora_id, str(r.folder)))
         await self.llm.pin_lora(r.lora_id)
+        self._slot_loads += 1
 
     async def _unload_slot(self, r: Resident) -> None:
         await self.llm.remove_lora(r.lora_id)  # also unpins

@@ -107,6 +107,7 @@ class MixCache:
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(self.first_id)
+        self.builds = 0  # adapters written for vLLM to load (first use of a plan, or again after eviction)
         shutil.rmtree(self.root, ignore_errors=True)  # folders of an earlier process: ids are per process
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -156,6 +157,7 @@ class MixCache:
         mixed = concat_mix(adapters)
         folder = self.root / f"mix-{lora_id}"
         write_concat(mixed, folder, self.base_model_id)
+        self.builds += 1
         return MixAdapter(f"mix-{lora_id}", lora_id, folder, sum(adapter_rank(a) for a, _ in adapters))
 
     def __len__(self) -> int:

@@ -202,7 +202,7 @@ def _validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:
                 param,
             )
             c.jobs.update(job)
-            c.metrics.training_jobs.labels(job.status).inc()  # as the queues count the jobs they end
+            c.metrics.training.job_ended(job)  # as the queues count the jobs they end
             return
         if param == "training_file":
             examples = rows

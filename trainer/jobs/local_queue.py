@@ -152,6 +152,10 @@ class LocalJobQueue:
     def depth(self) -> int:
         return sum(1 for j in self._jobs.values() if j.status in PENDING)
 
+    def counts(self) -> tuple[int, int]:
+        statuses = [j.status for j in list(self._jobs.values())]
+        return statuses.count(JobStatus.QUEUED), statuses.count(JobStatus.RUNNING)
+
     def cancel(self, job_id: str) -> Job | None:
         with self._lock:
             job = self._jobs.get(job_id)

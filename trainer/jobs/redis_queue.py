@@ -117,10 +117,15 @@ class RedisJobQueue:
 
     def depth(self) -> int:
         """Queued plus claimed jobs: both lists only ever hold jobs that have not ended."""
+        return sum(self.counts())
+
+    def counts(self) -> tuple[int, int]:
+        """(queued, claimed) jobs of the whole shared queue, read in one round trip."""
         with self.r.pipeline(transaction=False) as pipe:
             pipe.llen(self.keys.queue)
             pipe.llen(self.keys.processing)
-            return sum(int(n) for n in pipe.execute())
+            queued, claimed = pipe.execute()
+        return int(queued), int(claimed)
 
     # --- API ----------------------------------------------------------------------------------
     def add(self, job: Job) -> Job:

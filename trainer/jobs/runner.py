@@ -8,14 +8,17 @@ from typing import Any, Protocol
 
 from skillpool.adapters_store.store import SkillRecord
 
+from ..loop import Progress
 from ..skill_trainer import SkillTrainer
 from .job import Job, Runner
 
 
 class TrainingObserver(Protocol):
-    """Watches training progress; the server's Metrics is one (its Prometheus gauges), the trainer needs none."""
+    """Watches training progress; trainer.jobs.metrics.TrainingMetrics is one (its Prometheus gauges)."""
 
-    def training_progress(self, skill: str, loss: float | None, tokens_per_s: float) -> None: ...
+    def training_progress(self, skill: str, p: Progress) -> None: ...
+
+    def training_ended(self, skill: str) -> None: ...  # whatever the outcome: its progress is over
 
 
 def make_runner(
@@ -38,7 +41,7 @@ def make_runner(
         def report(p):  # type: ignore[no-untyped-def]
             progress(p)
             if observer is not None:
-                observer.training_progress(job.skill, p.loss, p.tokens_per_s)
+                observer.training_progress(job.skill, p)
 
         # a retried job (its worker died after storing) finds the version it wrote: a version is written once
         done = next((r for r in trainer.store.versions(job.skill) if r.meta.get("training_job") == job.id), None)
@@ -50,8 +53,12 @@ def make_runner(
             extra["owner"] = job.owner
         if alias:
             extra |= {"fine_tuned_model": alias, "fine_tuning_job": job.id}
-        return trainer.run(
-            job.skill, examples, train_cfg, job.method, report, stop_or_yield, force=job.force, extra_meta=extra
-        )
+        try:
+            return trainer.run(
+                job.skill, examples, train_cfg, job.method, report, stop_or_yield, force=job.force, extra_meta=extra
+            )
+        finally:  # succeeded, failed or cancelled: a job that no longer trains leaves no progress series
+            if observer is not None:
+                observer.training_ended(job.skill)
 
     return run

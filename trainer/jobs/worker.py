@@ -1,7 +1,8 @@
 """`skillpool worker`: a trainer process that pulls jobs from Redis and writes skills to the shared store.
 
-Each skill it stores is announced on the skill-event bus (the Redis stream every server reads). It imports
-nothing of the server: the job runner is trainer.jobs.runner, the router is built by router.build.
+Each skill it stores is announced on the skill-event bus (the Redis stream every server reads). With
+`--metrics-port` it serves the training metrics (trainer.jobs.metrics) for Prometheus. It imports nothing of the
+server: the job runner is trainer.jobs.runner, the router is built by router.build.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a job whose worker is silent this long goes back to the queue (renewed every third of it)",
     )
     p.add_argument("--max-tries", type=int, default=3, help="starts of one job before it fails as lost")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the training metrics for Prometheus at http://HOST:PORT/metrics (0: off)",
+    )
+    p.add_argument("--metrics-host", default="0.0.0.0", help="the address --metrics-port binds")
     add_threads_argument(p)
     add_router_flags(p)
     p.add_argument("--log-level", default="info")
@@ -44,12 +52,15 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from prometheus_client import CollectorRegistry, start_http_server
+
     from skillpool.adapters_store.base_model import resolve_base_model
     from skillpool.adapters_store.store import SkillStore
     from skillpool.router.build import make_router
 
     from ..bus import RedisEventBus, announcer
     from ..skill_trainer import SkillTrainer
+    from .metrics import TrainingMetrics
     from .redis_queue import RedisJobQueue
     from .runner import make_runner
 
@@ -63,16 +74,23 @@ def run(args: argparse.Namespace) -> int:
         store, make_router(router_settings(args), base, device=args.device), base, device=args.device, sync_router=True
     )
     bus = RedisEventBus(args.redis_url, args.redis_prefix)  # every server serves a stored skill once it reads it
+    metrics = TrainingMetrics(CollectorRegistry())  # its own registry: only the training series, as documented
     queue = RedisJobQueue(
         args.redis_url,
-        make_runner(trainer),
+        make_runner(trainer, metrics),
         announcer(bus),
+        metrics.job_ended,
         prefix=args.redis_prefix,
         lease_s=args.lease_s,
         max_tries=args.max_tries,
     )
+    metrics.watch(queue, "redis")
+    http = None
+    if args.metrics_port:
+        http, _ = start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
+    served = f", metrics on {args.metrics_host}:{args.metrics_port}" if http is not None else ""
     print(
-        f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}",
+        f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}{served}",
         file=sys.stderr,
         flush=True,
     )
@@ -84,4 +102,6 @@ def run(args: argparse.Namespace) -> int:
         pass
     queue.close()
     bus.close()
+    if http is not None:
+        http.shutdown()
     return 0
