@@ -9,14 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-LLAMA_7B = dict(
-    hidden_size=4096,
-    intermediate_size=11008,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=32,
-    max_position_embeddings=4096,
-)
+from load_tests.fixtures import LLAMA2_7B
+
 TINY = dict(
     hidden_size=256,
     intermediate_size=512,
@@ -51,7 +45,7 @@ class Setup:
     @staticmethod
     def gpu() -> Setup:
         return Setup(
-            "cuda", "llama-7b-dummy", LLAMA_7B, "bfloat16", 256, 256, 128, 16, 8, 1024, 8192, "48GiB",
+            "cuda", "llama-7b-dummy", LLAMA2_7B, "bfloat16", 256, 256, 128, 16, 8, 1024, 8192, "48GiB",
             10_000, (16, 256), 20, 600,
         )  # fmt: skip
 

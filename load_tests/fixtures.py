@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from skillpool.router import Router
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Llama-2-7B's layers: the benchmarks' GPU shape (each adds the vocabulary it tokenizes with)
+LLAMA2_7B = dict(
+    hidden_size=4096,
+    intermediate_size=11008,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    max_position_embeddings=4096,
+)
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
