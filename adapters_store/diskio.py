@@ -74,6 +74,16 @@ def _owner_alive(host: str, pid: int, start: int) -> bool | None:
     return _start_time(pid) == start  # a reused pid is another process
 
 
+def owner_gone(tagged: str, written_at: float) -> bool:
+    """Whether the writer whose owner_tag() is in `tagged` is gone: a dead process on this host, or another host's
+    entry older than FOREIGN_MAX_AGE_S (an object store's claim has no file to stat, so it carries its time)."""
+    m = _TAG.search(tagged)
+    if m is None:
+        return True
+    alive = _owner_alive(m["host"], int(m["pid"]), int(m["start"]))
+    return not alive if alive is not None else time.time() - written_at > FOREIGN_MAX_AGE_S
+
+
 def temp_path(path: Path) -> Path:
     """A temp name beside `path`, owned by this process (a leading dot: never matched as a record)."""
     return path.with_name(f".{path.name}{owner_tag()}{uuid.uuid4().hex[:8]}.tmp")

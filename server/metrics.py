@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from skillpool.adapters_store.objects import TIERS
+from skillpool.adapters_store.store import SkillStore
 from skillpool.trainer.service import Catalog, TrainingMetrics
 
 from .engines import Engine
@@ -17,7 +20,9 @@ _COSINE = tuple(i / 10 for i in range(-2, 11))
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, replica: str | None = None) -> None:
+        """`replica`: this process' name on the per-replica series (default: the host name)."""
+        self.replica = replica or socket.gethostname() or "0"
         self.registry = CollectorRegistry()
         self.catalog: Catalog = {}  # exposition name -> (type, labels): checked against deploy/README.md's table
         counter, gauge, histogram = self._counter, self._gauge, self._histogram
@@ -70,11 +75,18 @@ class Metrics:
         self._engine = EngineCollector()
         self.registry.register(self._engine)
         self.catalog.update(self._engine.catalog)
+        self._adapters = AdapterCollector(self.replica)
+        self.registry.register(self._adapters)
+        self.catalog.update(self._adapters.catalog)
         self.catalog.update(self.training.catalog)
 
     def watch_engine(self, engine: Engine) -> None:
         """Read this engine's health, queue and resident adapters at every scrape."""
-        self._engine.engine = engine
+        self._engine.engine = self._adapters.engine = engine
+
+    def watch_store(self, store: SkillStore) -> None:
+        """Read the skill store's adapter reads per tier (its disk cache, the store itself) at every scrape."""
+        self._adapters.store = store
 
     def _counter(self, name: str, doc: str, *labels: str) -> Counter:
         self.catalog[name.removesuffix("_total") + "_total"] = ("counter", labels)  # as the client exposes it
@@ -97,7 +109,6 @@ class EngineCollector:
         ("skillpool_queue_depth", "gauge", "Requests waiting for the engine"),
         ("skillpool_requests_running", "gauge", "Requests in the engine's running batch"),
         ("skillpool_resident_skills", "gauge", "Skills whose adapter weights are loaded in the engine now"),
-        ("skillpool_adapter_loads", "counter", "Adapters loaded into the engine (first use, or again after eviction)"),
         ("skillpool_engine_up", "gauge", "1 while the engine's loop is alive, 0 once it died (restart the server)"),
         (
             "skillpool_engine_last_step_age_seconds",
@@ -123,12 +134,55 @@ class EngineCollector:
             stats["waiting"],
             stats["running"],
             stats["resident_skills"],
-            stats.get("adapter_loads", 0),
             1.0 if self.engine.healthy() else 0.0,
             self.engine.last_step_age(),
         )
         for (name, kind, doc), value in zip(self._FAMILIES, values):
             yield _family(name, kind, doc, float(value))
+
+
+class AdapterCollector:
+    """Adapter lookups per tier that answered them, and adapters loaded into each tier, with this process' `replica`
+    label, read at every scrape: `gpu` (an engine slot) and `host` (host memory) from the engine's stats where it
+    keeps them, `disk` (the node's cache of an object store) and `store` (read from the store) from the skill
+    store. A lookup the engine misses is read from the store, through the disk cache when it is remote."""
+
+    HITS = ("skillpool_adapter_hits", "Adapter lookups, by the tier that answered them (gpu, host, disk, store)")
+    LOADS = ("skillpool_adapter_loads", "Adapters loaded into a tier (gpu: an engine slot; disk: downloaded)")
+    _ENGINE = {"gpu": ("adapter_hits", "adapter_loads"), "host": ("host_adapter_hits", "host_adapter_loads")}
+
+    def __init__(self, replica: str) -> None:
+        self.replica = replica
+        self.engine: Engine | None = None
+        self.store: SkillStore | None = None
+        self.catalog: Catalog = {
+            name + "_total": ("counter", ("tier", "replica")) for name, _ in (self.HITS, self.LOADS)
+        }
+
+    def describe(self) -> Iterable[Metric]:
+        return [CounterMetricFamily(name, doc, labels=("tier", "replica")) for name, doc in (self.HITS, self.LOADS)]
+
+    def collect(self) -> Iterator[Metric]:
+        hits: dict[str, float] = {}
+        loads: dict[str, float] = {}
+        if self.engine is not None:
+            stats = self.engine.stats()
+            for tier, (hit, load) in self._ENGINE.items():
+                if hit in stats:
+                    hits[tier] = stats[hit]
+                if load in stats:
+                    loads[tier] = stats[load]
+        if self.store is not None:
+            store_hits, store_loads = self.store.tiers.snapshot()
+            tiers = ("disk", "store") if self.store.remote else ("store",)
+            hits.update({tier: store_hits.get(tier, 0) for tier in tiers})
+            loads.update({tier: store_loads.get(tier, 0) for tier in tiers if tier != "store"})
+        for (name, doc), values in ((self.HITS, hits), (self.LOADS, loads)):
+            family = CounterMetricFamily(name, doc, labels=("tier", "replica"))
+            for tier in TIERS:
+                if tier in values:
+                    family.add_metric([tier, self.replica], float(values[tier]))
+            yield family
 
 
 def _family(name: str, kind: str, doc: str, value: float | None) -> Metric:

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from prometheus_client import Gauge
 
 from skillpool.adapters_store.base_model import BaseModel
-from skillpool.adapters_store.store import SkillRecord, SkillStore
+from skillpool.adapters_store.mix import Mix
+from skillpool.adapters_store.store import SkillRecord, SkillStore, StoreUnavailable
 from skillpool.router import Features, Router
 from skillpool.trainer.events import Resync, SkillActivated, SkillEvent, SkillRegistered, SkillRetired
 
 from .engines import Engine
 from .metrics import Metrics
+from .routing_log import BASE, ProbeHistory
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ class SkillPool:
         self._probe_feats: dict[tuple[str, int], Features] = {}  # probe features, computed once per version
         self._eval_metric: dict[str, str] = {}  # skill -> the metric label of its skill_eval series
         self._measured: set[str] = set()  # skills that have a routing_accuracy series
+        self.probes = ProbeHistory()  # each measurement's accuracy and the last one's confusion, for the console
         self._lock = threading.Lock()
 
     def load_all(self) -> None:
@@ -70,7 +74,8 @@ class SkillPool:
         log.info("serving skill %s v%d", rec.name, rec.version)
 
     def measure_routing(self) -> dict[str, float]:
-        """Route every skill's held-out probe prompts; the share that lands on the skill is its accuracy.
+        """Route every skill's held-out probe prompts; the share that lands on the skill is its accuracy, and
+        where they all land (top-1) is the confusion between skills (kept with its history in `probes`).
 
         Re-measured for all skills whenever the pool changes, since a new skill can take traffic
         from an old one.
@@ -84,12 +89,15 @@ class SkillPool:
             names += [rec.name] * len(self._probe_feats[key].emb)
             feats.append(self._probe_feats[key])
         acc: dict[str, float] = {}
+        confusion: dict[str, dict[str, int]] = {}  # probe's skill -> top-1 route (BASE: a fallback) -> count
         if names:
             decisions = self.router.route_features(Features.concat(feats))
-            hits: dict[str, list[bool]] = {}
             for name, d in zip(names, decisions):
-                hits.setdefault(name, []).append(bool(d.route) and d.route[0][0] == name)
-            acc = {name: sum(h) / len(h) for name, h in hits.items()}
+                row = confusion.setdefault(name, {})
+                top = d.route[0][0] if d.route else BASE
+                row[top] = row.get(top, 0) + 1
+            acc = {name: row.get(name, 0) / sum(row.values()) for name, row in confusion.items()}
+        self.probes.record(acc, confusion, [rec.name for rec in self.records()], time.time())
         for name, a in acc.items():
             self.metrics.routing_accuracy.labels(name).set(a)
         for name in self._measured - acc.keys():  # retired, or no probe prompts any more: no stale accuracy
@@ -168,6 +176,20 @@ class SkillPool:
         """The fine_tuned_model id of a served skill, if a fine-tuning job made it."""
         rec = self._records.get(name)
         return str(rec.meta["fine_tuned_model"]) if rec is not None and rec.meta.get("fine_tuned_model") else None
+
+    def fetch_adapters(self, mix: Mix) -> None:
+        """Bring the mix's adapters onto this node's disk (a remote store's cache) ahead of the engine, which then
+        reads them locally. A store that cannot be reached is left to the engine: a skill it holds still serves,
+        and a cold one fails there with a 503."""
+        for name, weight in mix:
+            rec = self._records.get(name)
+            if rec is None or weight == 0.0:
+                continue
+            try:
+                rec.fetch_adapter()
+            except (StoreUnavailable, FileNotFoundError) as e:
+                log.debug("adapter of %s v%d not fetched ahead: %s", name, rec.version, e)
+                return
 
     def records(self) -> list[SkillRecord]:
         return sorted(self._records.values(), key=lambda r: r.meta.get("created", 0))

@@ -68,6 +68,7 @@ class EngineEvent:
     finish_reason: str | None = None  # stop | length | abort | error
     error: str | None = None  # with finish_reason "error": what went wrong for this request alone
     not_found: bool = False  # with an error: a skill of the mix is not served (retired since routing): a 404
+    unavailable: bool = False  # with an error: a skill's adapter could not be read from the adapter store: a 503
 
 
 class EngineDead(Exception):
@@ -128,7 +129,8 @@ class Engine(Protocol):
 
     def stats(self) -> dict[str, int]:
         """running, waiting, resident_skills, known_skills, aborted (requests ended by abort so far),
-        adapter_loads (adapters loaded into the engine so far)."""
+        adapter_loads (adapters loaded into the engine so far) and, where the engine counts them, adapter_hits
+        (adapters a request needed and found loaded)."""
         ...
 
     def close(self) -> None: ...

@@ -24,6 +24,7 @@ class SkillResidency:
         self._generation = 0
         self._lru: OrderedDict[str, None] = OrderedDict()  # resident version keys, least recently used first
         self.loads = 0  # adapters read into the bank so far: first uses and reloads after an eviction
+        self.hits = 0  # adapters an admitted request needed and found resident
 
     @property
     def known(self) -> int:
@@ -51,12 +52,13 @@ class SkillResidency:
     def ensure(self, keys: Iterable[str], keep: set[str]) -> bool:
         """Make these versions resident, evicting the least recently used ones not in `keep`. False: no slot
         can be freed now (every resident version is in use): the request waits."""
-        keys = list(keys)
+        keys, hits = list(keys), 0
         if self.max_loaded is not None and len(keys) > self.max_loaded:
             raise ValueError(f"the mix needs {len(keys)} skills, more than max_loaded_skills ({self.max_loaded})")
         for key in keys:
             if key in self.bank:
                 self._lru.move_to_end(key)
+                hits += 1
                 continue
             load = self._loaders[key]
             if self.max_loaded is not None:
@@ -68,6 +70,7 @@ class SkillResidency:
             self.bank.add(key, load())
             self._lru[key] = None
             self.loads += 1
+        self.hits += hits  # once the request is admitted: a waiting one calls again
         return True
 
     def sweep(self, in_use: set[str]) -> None:

@@ -118,6 +118,7 @@ def test_dashboard_layout_and_aggregation() -> None:
         "Fallback clusters",
         "Trainer up",
         "Resident skills and adapter loads",
+        "Adapter hit ratio per tier",
         "Training progress",
         "Training jobs queued and running",
     } <= titles

@@ -89,12 +89,17 @@ def test_a_retired_skill_leaves_no_series_and_a_rollback_shows_its_version_s_sco
 
 def test_an_adapter_is_counted_when_the_engine_loads_it(client: TestClient, components, embedder) -> None:  # type: ignore[no-untyped-def]
     components.pool.register(store_skill(components, embedder, "loaded", "accuracy", 0.5))
-    before = value(scrape(client), "skillpool_adapter_loads_total")
-    assert before is not None
+    tier = lambda name: {"tier": name, "replica": components.metrics.replica}  # noqa: E731
+    before = scrape(client)
+    assert value(before, "skillpool_adapter_loads_total", **tier("gpu")) is not None
     for _ in range(2):  # the first use loads it; the second finds it resident
         body = {"model": "loaded", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         assert client.post("/v1/chat/completions", json=body).status_code == 200
-    assert value(scrape(client), "skillpool_adapter_loads_total") == before + 1
+    after = scrape(client)
+    for name, kind, more in (("loads", "gpu", 1), ("hits", "gpu", 1), ("hits", "store", 1)):  # read from the data dir
+        series = f"skillpool_adapter_{name}_total"
+        assert value(after, series, **tier(kind)) == value(before, series, **tier(kind)) + more, (name, kind)  # type: ignore[operator]
+    assert value(after, "skillpool_adapter_hits_total", **tier("disk")) is None  # no disk cache before a folder
 
 
 def test_each_request_is_observed_once_and_probes_and_scrapes_not_at_all(client: TestClient) -> None:

@@ -1,0 +1,115 @@
+"""A server whose skills live in an S3 bucket (moto's server on 127.0.0.1): a skill another store published is
+served from an empty disk cache, and when the store goes away only the requests that need a cold skill fail, with
+503 in OpenAI's envelope; the base model and the skills the engine holds go on. `skillpool serve` with a store it
+cannot reach stops at once, saying so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+
+from skillpool.adapters_store.store import open_store
+from skillpool.evaluation.process import free_port
+from skillpool.server.app import create_app
+from skillpool.server.bootstrap import build_components
+from skillpool.server.config import ServerConfig
+from tests.s3 import KEYS, MotoServer, aws_env, make_bucket
+from tests.server.test_metrics_series import scrape, store_skill, value
+
+
+def chat(http: TestClient, model: str) -> object:
+    return http.post(
+        "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    )
+
+
+def test_a_published_skill_is_served_and_a_store_outage_fails_only_cold_skills(
+    tiny_base, embedder, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    moto = MotoServer()
+    try:
+        with aws_env(moto.env()):
+            make_bucket("skills-serving")
+            url = "s3://skills-serving/pool"
+            writer = SimpleNamespace(base=tiny_base, store=open_store(tmp_path / "trainer", url))  # another node
+            for name in ("warm", "cold"):
+                store_skill(writer, embedder, name, "accuracy", 0.5)
+            cfg = ServerConfig(data_dir=tmp_path / "server", adapter_store=url, replica_name="r1")
+            c = build_components(cfg, base=tiny_base, embedder=embedder)
+            try:
+                with TestClient(create_app(c)) as http:
+                    served = {m["id"] for m in http.get("/v1/models").json()["data"]}
+                    assert {"warm", "cold"} <= served
+                    assert c.store.cache is not None and not any("adapter" in k for k in c.store.cache.keys())
+                    assert chat(http, "warm").status_code == 200  # type: ignore[attr-defined]
+                    m = scrape(http)
+                    replica = {"replica": "r1"}
+                    assert value(m, "skillpool_adapter_hits_total", tier="store", **replica) == 1  # from the bucket
+                    assert value(m, "skillpool_adapter_loads_total", tier="disk", **replica) == 1
+                    assert value(m, "skillpool_adapter_loads_total", tier="gpu", **replica) == 1
+
+                    moto.stop()
+                    cold = chat(http, "cold")
+                    assert cold.status_code == 503, cold.text  # type: ignore[attr-defined]
+                    error = cold.json()["error"]  # type: ignore[attr-defined]
+                    assert error["code"] == "adapter_store_unavailable" and error["param"] == "model"
+                    assert error["type"] == "service_unavailable_error" and url in error["message"]
+                    assert cold.headers["retry-after"] == "5"  # type: ignore[attr-defined]
+                    assert chat(http, "base").status_code == 200  # type: ignore[attr-defined]
+                    assert chat(http, "warm").status_code == 200  # type: ignore[attr-defined]  # the engine holds it
+                    assert http.get("/healthz").status_code == 200
+                    m = scrape(http)
+                    assert value(m, "skillpool_adapter_hits_total", tier="gpu", **replica) == 1
+            finally:
+                c.close()
+    finally:
+        moto.stop()
+
+
+@pytest.mark.slow
+def test_serve_with_an_unreachable_store_stops_at_once_saying_so(tmp_path: Path) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with aws_env({**KEYS, "AWS_ENDPOINT_URL": nowhere}):
+        done = subprocess.run(
+            [str(Path(sys.executable).with_name("skillpool")), "serve", "--data-dir", str(tmp_path)]
+            + ["--adapter-store", "s3://skills/pool", "--port", str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode != 0
+    assert (
+        f"skillpool serve: cannot start: the adapter store s3://skills/pool/ is unreachable at {nowhere}" in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_the_store_flags_of_serve_and_worker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from skillpool.server.cli import add_arguments
+    from skillpool.trainer.jobs.worker import add_arguments as worker_arguments
+
+    for name in ("SKILLPOOL_ADAPTER_STORE", "SKILLPOOL_REPLICA", "SKILLPOOL_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    serve, worker = argparse.ArgumentParser(), argparse.ArgumentParser()
+    add_arguments(serve)
+    worker_arguments(worker)
+    cfg = ServerConfig.from_cli_args(
+        serve.parse_args(["--adapter-store", "s3://b/p", "--adapter-cache-bytes", "512MiB", "--replica-name", "r2"])
+    )
+    assert (cfg.adapter_store, cfg.adapter_cache_bytes, cfg.replica_name) == ("s3://b/p", 512 * 2**20, "r2")
+    assert ServerConfig().adapter_store is None and ServerConfig().adapter_cache_bytes == 2 * 2**30
+    args = worker.parse_args(["--redis-url", "redis://x", "--adapter-store", "s3://b/p", "--adapter-cache-bytes", "0"])
+    assert (args.adapter_store, args.adapter_cache_bytes) == ("s3://b/p", 0)
+    for parser in (serve, worker):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--redis-url", "redis://x", "--adapter-cache-bytes", "-1"])
+        assert "the adapter cache size must be >= 0 bytes, not -1" in capsys.readouterr().err
