@@ -7,11 +7,12 @@ import logging
 
 from fastapi import FastAPI
 
-from . import health_api, models_api
+from . import console_api, health_api, models_api
 from .admin_api import install_admin
 from .auth import KeyRing
 from .chat import api_router as chat_api
 from .components import Components
+from .console import install_console
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
 from .limits import BodyLimit
@@ -30,6 +31,7 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     log.log(logging.WARNING if exposed else logging.INFO, "%s", keys.summary())
     install_handlers(app)
     install_admin(app, c.router, c.metrics)
+    install_console(app)  # the web page at /console, over the APIs below
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 
@@ -39,5 +41,6 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     app.include_router(models_api.api)
     app.include_router(files_api.api)
     app.include_router(jobs_api.api)
+    app.include_router(console_api.api)
 
     return app

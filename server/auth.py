@@ -3,7 +3,7 @@
 Keys come from `--api-keys-file` (one `NAME ROLE KEY` a line) and the shorthands `--api-key` (a `chat`
 key named "api-key") and `--admin-api-key` (an `admin` key named "admin"). Roles, each with what the
 one before it may do:
-  chat  — chat completions, the models, and its own files and jobs, read-only;
+  chat  — chat completions, the models, the pool's routing views, and its own files and jobs, read-only;
   train — also uploads files, creates and cancels its own jobs, creates skills and new versions of the
           skills it created;
   admin — everything: force, retire, rollback, every file and job, and the fallback clusters (request text).
@@ -40,6 +40,8 @@ API_KEY_NAME, ADMIN_KEY_NAME = "api-key", "admin"  # the names the shorthand fla
 _READS = ("GET", "HEAD", "OPTIONS")
 _OWNED = ("/v1/files", "/v1/fine_tuning", "/tasks")  # records that belong to a key
 _OPEN_WRITES = ("/v1/chat/completions",)  # the only write a chat key (or, when open, no key) may make
+# the console's reads (server.console_api): they show no request text, so they are not the admin's alone
+_POOL_READS = frozenset(f"/v1/skillpool/{p}" for p in ("whoami", "routing", "routing/accuracy", "routing/confusion"))
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ class KeyRing:
 def required_role(method: str, path: str) -> Role:
     """The least role a request needs, by method and path (handlers then check ownership and `force`).
     Any write not listed needs the admin: a new endpoint is closed until it is given a role here."""
-    if path.startswith("/v1/skillpool"):
+    if path.startswith("/v1/skillpool") and not (method in _READS and path in _POOL_READS):
         return "admin"  # fallback clusters show the text of other callers' requests
     if method in _READS:
         return "chat" if path.startswith(_OWNED) else "anonymous"

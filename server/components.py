@@ -20,6 +20,7 @@ from .engines import Engine
 from .files import FileStore
 from .metrics import Metrics
 from .routing import RoutingStage
+from .routing_log import RoutingLog
 from .skills import SkillPool
 
 
@@ -41,6 +42,11 @@ class Components:
     def files(self) -> FileStore:
         """Uploaded training files, in the data dir that servers and workers share."""
         return FileStore(self.cfg.data_dir)
+
+    @cached_property
+    def routing_log(self) -> RoutingLog:
+        """The `auto` requests routed over the last day, for the console (server.console_api)."""
+        return RoutingLog()
 
     def close(self) -> None:
         self.routing.close()

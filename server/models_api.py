@@ -47,6 +47,8 @@ def _skill_object(c: Components, rec: SkillRecord) -> dict[str, Any]:
         "skill": rec.name,
         "version": rec.version,
         "eval": rec.meta.get("eval"),
+        "method": (rec.meta.get("training") or {}).get("method"),
+        "owner": rec.meta.get("owner"),  # the key name that trained it: it (or the admin) may add a version
     }
 
 
@@ -84,6 +86,7 @@ def _versions(c: Components, name: str) -> dict[str, Any]:
                 "serving": serving is not None and r.version == serving.version,
                 "eval": r.meta.get("eval"),
                 "training": r.meta.get("training"),
+                "samples": r.meta.get("samples"),  # rows: total, train, eval (held out), replay, probe
             }
             for r in c.store.versions(name)
         ],

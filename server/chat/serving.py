@@ -56,8 +56,12 @@ class ChatServing:
             decision = await c.routing.decide(route_text(messages), target)
         except EngineBusy as e:
             raise _busy(e) from None
+        if target == "auto":
+            c.routing_log.record(decision)  # the console's routing share and fallbacks per window
         if body.expected_skill is not None and body.model == "auto":
             self._count_label(body.expected_skill, decision)
+        if c.store.remote:  # the mix's adapters onto this node's disk now, off the engine's thread
+            await asyncio.to_thread(c.pool.fetch_adapters, decision.mix)
         cid = completion_id()
         sampling = body.to_sampling_params(room, c.cfg.default_max_tokens)
         events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, decision.mix))
@@ -73,6 +77,10 @@ class ChatServing:
             return Response(status_code=499)
         if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine
             raise APIError(404, f"{first.error}", "model", "model_not_found")
+        if first.finish_reason == "error" and first.unavailable:  # a cold skill, and the adapter store is down
+            raise APIError(
+                503, f"{first.error}; retry later", "model", "adapter_store_unavailable", {"Retry-After": "5"}
+            )
         if first.finish_reason == "error":
             raise APIError(500, f"generation failed: {first.error}", None, "internal_error")
         headers = {"x-skillpool-route": decision.header()}
