@@ -1,0 +1,326 @@
+"""The placement trace of load_tests/bench_placement.py replayed through a real local Ray Serve: skillpool's engine
+deployment (server/cluster) with a stand-in engine per replica that sleeps per token and keeps bench_placement's
+two adapter tiers (load_tests/tiered_engine.py), driven by the RemoteEngine an ingress uses.
+
+The trace is bench_placement's generator (fixed seed), smaller: --requests requests over --skills skills, mixes of
+1-3 skills whose first is the heaviest (weights 1; 0.6/0.4; 0.5/0.3/0.2); a request's output tokens are its service
+time x --mean-tokens. Skills are real store versions (tiny adapters): a store fetch reads the files.
+
+Runs, each on freshly started replicas:
+1. affinity: --replicas replicas, requests keyed by the mix's heaviest skill (`name#vN`, Ray Serve's multiplexing),
+   open loop at bench_placement's 70% of capacity (replicas x max_ongoing_requests / mean service time);
+2. unkeyed: the same, no key (Ray's power-of-two router): the control;
+3. throughput: closed loop at full concurrency (replicas x max_ongoing_requests clients, --throughput-requests
+   per replica), 1 replica then --replicas: output tokens/s;
+4. kill: the affinity run again; one engine replica is killed (ray.kill) at --kill-at of the trace; reported: the
+   requests that failed (and how many of them started after the kill), and the seconds until the hit ratio of
+   requests' heaviest skills (5 s windows) is back to 90% of its value in the 20 s before the kill.
+Adapter loads (GPU-tier misses) are compared with bench_placement's simulation of the same trace, replicas and
+tiers. The last line printed is one JSON object.
+
+    .venv/bin/python -m load_tests.bench_ray_placement [--requests 2000] [--skills 300] [--replicas 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from load_tests import bench_placement as bp
+
+WEIGHTS = {1: (1.0,), 2: (0.6, 0.4), 3: (0.5, 0.3, 0.2)}
+
+
+@dataclass
+class Outcome:
+    start: float
+    end: float
+    ok: bool
+    tiers: list[str]  # the tier each skill was served from, heaviest first
+    tokens: int
+
+
+def write_skills(data_dir: Path, n: int) -> None:
+    """n tiny one-block adapters as store versions skill-0000... (what a store fetch reads)."""
+    import torch
+
+    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
+    from skillpool.adapters_store.store import SkillDraft, SkillStore
+
+    store, module = SkillStore(data_dir), "model.layers.0.self_attn.q_proj"
+    for i in range(n):
+        adapter = LoRAAdapter({module: LoRAFactors(torch.randn(2, 64) * 0.02, torch.randn(64, 2) * 0.02, 1.0)})
+
+        def write(folder: Path, a: LoRAAdapter = adapter) -> None:
+            save_peft_adapter(a, folder, "tiny", 2.0, ["q_proj"])
+
+        store.write(SkillDraft(f"skill-{i:04d}", write, {"keys": torch.zeros(1)}, {}, [], []))
+
+
+def requests(trace: bp.Trace, mean_tokens: int) -> list[tuple[dict[str, float], int]]:
+    """Each request's mix and output tokens."""
+    out = []
+    for mix, service in zip(trace.mixes, trace.service):
+        out.append(
+            ({f"skill-{s:04d}": w for s, w in zip(mix, WEIGHTS[len(mix)])}, max(1, round(service * mean_tokens)))
+        )
+    return out
+
+
+class Deployment:
+    """The engine deployment on fresh replicas and the RemoteEngine that drives it."""
+
+    def __init__(self, args: argparse.Namespace, data_dir: Path, replicas: int, keyed: bool) -> None:
+        from load_tests.tiered_engine import make_tiered
+        from skillpool.adapters_store.store import SkillStore
+        from skillpool.server.cluster.deployments import ClusterSpec
+        from skillpool.server.cluster.hub import hub_handle
+        from skillpool.server.cluster.launch import deploy
+        from skillpool.server.cluster.remote_engine import RemoteEngine
+        from skillpool.server.config import ServerConfig
+
+        factory = make_tiered(args.gpu_slots, args.host_slots, args.per_token_s)
+        cfg = ServerConfig(data_dir=data_dir, max_waiting=100_000)
+        self.spec = ClusterSpec(
+            cfg,
+            replicas,
+            engine_factory=factory,
+            max_ongoing=args.max_ongoing,
+            mux_models=args.mux_slots,
+            replica_cpus=0,
+        )  # the stand-in engine only sleeps: it books no CPU
+        handle = deploy(self.spec, ingress=False)
+        self.hub = hub_handle(self.spec.hub_name)
+        self.engine = RemoteEngine(handle, args.tokenizer, self.hub, keyed=keyed)
+        self.engine.start_blocking()
+        for rec in SkillStore(data_dir).list_latest():
+            self.engine.add_skill(rec.name, rec.adapter)
+
+    def replica_stats(self) -> dict[str, dict[str, Any]]:
+        import ray
+
+        return dict(ray.get(self.hub.replicas.remote()))
+
+    def kill_one(self) -> str:
+        """Kill the engine replica that served most requests; its id."""
+        import ray
+
+        view = self.replica_stats()
+        victim = max(view, key=lambda r: sum(view[r]["served"].values()))
+        actor = next(
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith("#" + victim)
+        )
+        ray.kill(ray.get_actor(actor, namespace="serve"), no_restart=True)
+        return victim
+
+    def close(self) -> None:
+        from skillpool.server.cluster.launch import undeploy
+
+        undeploy(self.spec, local=False)
+
+
+async def one(engine: Any, i: int, mix: dict[str, float], tokens: int, t0: float) -> Outcome:
+    from skillpool.server.engines import EngineRequest, Mix, SamplingParams
+
+    start = time.perf_counter() - t0
+    request = EngineRequest(f"r{i}-{start:.3f}", [1], SamplingParams(max_tokens=tokens), Mix.of(mix))
+    last = None
+    try:
+        async for ev in engine.generate(request):
+            last = ev
+    except Exception:  # a refusal: counted as failed, like an error event
+        last = None
+    ok = last is not None and last.finish_reason == "length"
+    tiers = last.text.split(",") if ok and last is not None else []
+    return Outcome(start, time.perf_counter() - t0, ok, tiers, tokens if ok else 0)
+
+
+async def open_loop(dep: Deployment, reqs: list[tuple[dict[str, float], int]], gaps: list[float], rate: float,
+                    kill_at: float | None = None) -> tuple[list[Outcome], dict[str, Any]]:  # fmt: skip
+    """Requests at the trace's arrival times (gaps scaled to `rate`); optionally kill a replica at that time."""
+    t0, at, tasks = time.perf_counter(), 0.0, []
+    killed: dict[str, Any] = {}
+    for i, ((mix, tokens), gap) in enumerate(zip(reqs, gaps)):
+        at += gap / rate
+        if kill_at is not None and not killed and at >= kill_at:
+            await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
+            running = {r: v["stats"].get("running", 0) for r, v in dep.replica_stats().items()}
+            killed = {"t": time.perf_counter() - t0, "replica": await asyncio.to_thread(dep.kill_one)}
+            killed["running_at_last_report"] = running.get(killed["replica"], 0)
+        await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
+        tasks.append(asyncio.ensure_future(one(dep.engine, i, mix, tokens, t0)))
+    return list(await asyncio.gather(*tasks)), killed
+
+
+async def closed_loop(dep: Deployment, reqs: list[tuple[dict[str, float], int]], clients: int) -> float:
+    """Output tokens per second with `clients` requests always in flight."""
+    queue = list(enumerate(reqs))
+    t0, done = time.perf_counter(), []
+
+    async def client() -> None:
+        while queue:
+            i, (mix, tokens) = queue.pop(0)
+            done.append(await one(dep.engine, i, mix, tokens, t0))
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return sum(o.tokens for o in done) / (time.perf_counter() - t0)
+
+
+def tally(outcomes: list[Outcome]) -> dict[str, float]:
+    lookups = [t for o in outcomes for t in o.tiers]
+    return {
+        "failed": sum(not o.ok for o in outcomes),
+        "loads": sum(t != "gpu" for t in lookups),
+        "store_fetches": sum(t == "store" for t in lookups),
+        "gpu_hit": round(sum(t == "gpu" for t in lookups) / max(1, len(lookups)), 4),
+        "key_gpu_hit": round(sum(o.tiers[:1] == ["gpu"] for o in outcomes) / max(1, len(outcomes)), 4),
+    }
+
+
+def recovery(outcomes: list[Outcome], kill_t: float, window: float = 5.0) -> dict[str, float]:
+    """The heaviest skills' GPU hit ratio in the 20 s before the kill, and the seconds after it until a `window`
+    of requests (by start time) is back to 90% of that."""
+
+    def ratio(lo: float, hi: float) -> float | None:
+        xs = [o.tiers[0] == "gpu" for o in outcomes if o.ok and lo <= o.start < hi]
+        return sum(xs) / len(xs) if len(xs) >= 10 else None
+
+    steady = ratio(kill_t - 20, kill_t) or 0.0
+    end = max(o.start for o in outcomes)
+    t = kill_t
+    while t + window <= end:
+        r = ratio(t, t + window)
+        if r is not None and r >= 0.9 * steady:
+            return {"steady_key_gpu_hit": round(steady, 4), "recovery_s": round(t + window - kill_t, 1)}
+        t += 1.0
+    return {"steady_key_gpu_hit": round(steady, 4), "recovery_s": math.inf}
+
+
+def simulated_loads(trace: bp.Trace, args: argparse.Namespace) -> dict[str, float]:
+    """bench_placement's simulation of the same trace, replicas and tiers (affinity)."""
+    saved = (bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING)
+    bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING = args.gpu_slots, args.host_slots, args.max_ongoing
+    try:
+        res = bp.simulate(trace, args.replicas, "affinity", args.seed, mux_slots=args.mux_slots)
+    finally:
+        bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING = saved
+    return {"loads": res.lookups - res.gpu_hits, "store_fetches": res.fetches}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--skills", type=int, default=300)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--gpu-slots", type=int, default=16, help="GPU-tier slots per replica (and its multiplexed keys)")
+    ap.add_argument("--host-slots", type=int, default=64)
+    ap.add_argument("--max-ongoing", type=int, default=8, help="max_ongoing_requests per replica")
+    ap.add_argument("--mean-tokens", type=int, default=32, help="output tokens of a request of mean service time")
+    ap.add_argument("--per-token-s", type=float, default=0.1, help="the stand-in engine's sleep per token")
+    ap.add_argument("--throughput-requests", type=int, default=100, help="per replica, in the closed-loop runs")
+    ap.add_argument("--mux-slots", type=int, default=None, help="multiplexed keys a replica holds (default: GPU slots)")
+    ap.add_argument("--kill-at", type=float, default=0.4, help="kill a replica at this share of the kill run's trace")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--num-cpus", type=int, default=2, help="the local Ray's CPUs")
+    ap.add_argument("--verbose", action="store_true", help="show the replicas' logs")
+    args = ap.parse_args(argv)
+    args.mux_slots = args.mux_slots or args.gpu_slots
+    if min(args.requests, args.skills - bp.NEIGHBOURS, args.replicas, args.gpu_slots, args.max_ongoing) < 1:
+        raise SystemExit("--requests, --replicas, --gpu-slots and --max-ongoing take positive counts; --skills > 50")
+    import os
+
+    from skillpool.server.cluster.deployments import REPLICA_ENV
+
+    for k, v in REPLICA_ENV.items():  # this process routes: Ray Serve reads these when it is imported
+        os.environ.setdefault(k, v)
+    import ray
+
+    from skillpool.adapters_store.base_model import resolve_base_model
+
+    args.tokenizer = resolve_base_model().path
+    trace = bp.make_trace(args.requests, args.skills, args.seed)
+    reqs = requests(trace, args.mean_tokens)
+    rate = bp.LOAD * args.replicas * args.max_ongoing / (args.mean_tokens * args.per_token_s)
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp)
+        write_skills(data, args.skills)
+        ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace="skillpool", log_to_driver=args.verbose)
+        runs: dict[str, Any] = {}
+        try:
+            for name, keyed in (("affinity", True), ("unkeyed", False)):
+                dep = Deployment(args, data, args.replicas, keyed)
+                outcomes, _ = asyncio.run(open_loop(dep, reqs, trace.gaps, rate))
+                runs[name] = tally(outcomes)
+                dep.close()
+                print(f"{name}: {runs[name]}", flush=True)
+            tput = {}
+            for n in (1, args.replicas):
+                dep = Deployment(args, data, n, True)
+                tput[str(n)] = round(
+                    asyncio.run(closed_loop(dep, reqs[: n * args.throughput_requests], n * args.max_ongoing)), 1
+                )
+                dep.close()
+                print(f"tokens/s with {n} replica(s): {tput[str(n)]}", flush=True)
+            dep = Deployment(args, data, args.replicas, True)
+            kill_t = args.kill_at * sum(trace.gaps) / rate
+            outcomes, killed = asyncio.run(open_loop(dep, reqs, trace.gaps, rate, kill_at=kill_t))
+            dep.close()
+        finally:
+            from ray import serve
+
+            serve.shutdown()
+            ray.shutdown()
+    failed = [o for o in outcomes if not o.ok]
+    kill = {
+        "failed": len(failed),
+        "failed_started_after_kill": sum(o.start > killed["t"] for o in failed),
+        "running_on_killed_at_last_report": killed["running_at_last_report"],
+        **recovery(outcomes, killed["t"]),
+    }
+    sim = simulated_loads(trace, args)
+    aff, ctl = runs["affinity"], runs["unkeyed"]
+    result = {
+        "loads": {
+            "affinity": aff["loads"],
+            "unkeyed": ctl["loads"],
+            "simulation": sim["loads"],
+            "affinity_over_simulation": round(aff["loads"] / max(1, sim["loads"]), 3),
+        },  # fmt: skip
+        "store_fetches": {
+            "affinity": aff["store_fetches"],
+            "unkeyed": ctl["store_fetches"],
+            "affinity_over_unkeyed": round(aff["store_fetches"] / max(1, ctl["store_fetches"]), 3),
+        },  # fmt: skip
+        "key_gpu_hit": {"affinity": aff["key_gpu_hit"], "unkeyed": ctl["key_gpu_hit"]},
+        "tokens_per_s": {**tput, "ratio": round(tput[str(args.replicas)] / tput["1"], 2)},
+        "5xx": {"affinity": aff["failed"], "unkeyed": ctl["failed"]},
+        "kill": kill,
+    }
+    print(f"\n{args.requests} requests, {args.skills} skills, {args.replicas} replicas, {rate:.1f} req/s offered; "
+          f"{time.perf_counter() - t_start:.0f} s")  # fmt: skip
+    checks = [
+        ("loads within 10% of the simulation", abs(result["loads"]["affinity_over_simulation"] - 1) <= 0.1),
+        ("store fetches <= 0.5x unkeyed", result["store_fetches"]["affinity_over_unkeyed"] <= 0.5),
+        (f"tokens/s {args.replicas} replicas >= {0.8 * args.replicas:.1f}x one", result["tokens_per_s"]["ratio"] >= 0.8 * args.replicas),
+        ("no 5xx", aff["failed"] == ctl["failed"] == 0),
+        ("after the kill only in-flight requests failed", kill["failed_started_after_kill"] == 0),
+        ("hit ratio back to 90% within 30 s", kill["recovery_s"] <= 30),
+    ]  # fmt: skip
+    for text, ok in checks:
+        print(f"{'holds' if ok else 'MISSES'}: {text}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
