@@ -35,7 +35,8 @@ class SharedShrink:
     def __call__(self, x: Tensor, x3: Tensor) -> Tensor:
         version = -1 if x.is_inference() else x._version  # inference tensors keep no version counter
         if self._h is None or self._x is not x or self._version != version:
-            self._h, self._x, self._version = torch.matmul(x3, self.A.transpose(-1, -2)) * self.scale, x, version
+            h = torch.matmul(x3.to(self.A.dtype), self.A.transpose(-1, -2)) * self.scale
+            self._h, self._x, self._version = h, x, version
         return self._h
 
     def clear(self) -> None:
@@ -85,9 +86,12 @@ class RowBlocks:
         x3, y3 = (x, y) if x.dim() == 3 else (x[:, None, :], y[:, None, :])
         # matmul: a bmm for per-row blocks, one plain matrix product over every row's tokens for shared ones
         if self.shared is None:
-            h = torch.matmul(x3, self.A.transpose(-1, -2)) * self.scale
+            h = torch.matmul(x3.to(self.A.dtype), self.A.transpose(-1, -2)) * self.scale
         else:
             h = self.shared(x, x3)[:, :, self.cols]
+        if y.dtype != self.Bt.dtype:  # float32 blocks under a bfloat16 model (lora_bank.py): y += delta, rounded once
+            delta = torch.matmul(h, self.Bt)
+            return y3.add_(delta).view(y.shape)  # y is the base Linear's fresh output: nothing else holds it
         # the up projection and the add in one op (addmm / baddbmm), as for the base Linear's bias
         if self.Bt.dim() == 2:
             out = torch.addmm(y3.reshape(-1, y3.shape[-1]), h.reshape(-1, h.shape[-1]), self.Bt)

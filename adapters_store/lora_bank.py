@@ -76,7 +76,9 @@ class LoRABank:
     forwards in between, each row's weighted blocks.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
+        """`dtype`: the blocks' (default the model's); float32 blocks under a bfloat16 model on a CPU compute the
+        mix in float32, where oneDNN's bfloat16 products of rank-sized matrices cost several times more."""
         self.model = model
         self.stacks: dict[str, _ModuleStack] = {}
         self.adapters: dict[str, LoRAAdapter] = {}
@@ -96,7 +98,7 @@ class LoRABank:
             OrderedDict()
         )
         p = next(model.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        self.device, self.dtype = p.device, dtype or p.dtype
 
     def _stack(self, path: str) -> _ModuleStack:
         if path in self.stacks:

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from .lora import UnsupportedAdapter
 
@@ -46,7 +45,7 @@ class MixedLoRALinear(nn.Module):
         return self.base.weight
 
     def forward(self, x: Tensor) -> Tensor:
-        y = F.linear(x, self.base.weight, self.base.bias)  # not self.base(x): a second module call per Linear
+        y = self.base.forward(x)  # not self.base(x): a second module call per Linear; a packed base packs its own
         return y if self.plan is None else self.plan.add_delta(x, y)
 
 

@@ -59,8 +59,9 @@ def pct(xs: list[float], q: float) -> float:
 class Load:
     """Streams requests and records, per request: TTFT, mean inter-token latency, end-to-end time, tokens."""
 
-    def __init__(self, client: Any, max_tokens: int) -> None:
-        self.client, self.max_tokens = client, max_tokens
+    def __init__(self, client: Any, max_tokens: int, extra: Any = None) -> None:
+        """`extra`: model -> more request fields, for a server that takes its adapters another way (llama.cpp)."""
+        self.client, self.max_tokens, self.extra = client, max_tokens, extra
         self.routes: dict[str, str] = {}  # each prompt's last x-skillpool-route (what `auto` served it)
 
     def one(self, model: str, text: str, max_tokens: int | None = None) -> dict[str, float]:
@@ -74,7 +75,7 @@ class Load:
             max_tokens=max_tokens or self.max_tokens,
             stream=True,
             stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
+            extra_body={"ignore_eos": True, **(self.extra(model) if self.extra else {})},
         )
         self.routes[text] = raw.headers.get("x-skillpool-route", "")
         for chunk in raw.parse():

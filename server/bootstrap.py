@@ -10,7 +10,8 @@ from typing import Any
 from transformers import AutoConfig
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_base_model, resolve_device
-from skillpool.adapters_store.store import SkillStore
+from skillpool.adapters_store.dtype import resolve_dtype
+from skillpool.adapters_store.store import open_store
 from skillpool.router.build import make_embedder, make_router
 from skillpool.router.embedder import Embedder
 from skillpool.trainer.config import TrainConfig
@@ -49,6 +50,7 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             return HFEngine(
                 base.path,
                 **batching,
+                dtype=resolve_dtype(cfg.dtype, resolve_device(cfg.device)),
                 max_loaded_skills=cfg.max_loaded_skills,
                 prefix_cache_tokens=cfg.prefix_cache_tokens,
                 on_step=metrics.batch_size.observe if metrics is not None else None,
@@ -121,9 +123,14 @@ def build_components(
 ) -> Components:
     """Everything a server needs; tests pass a tiny engine/base, production passes nothing."""
     bus = make_event_bus(cfg.redis_url, cfg.redis_prefix)  # first: an unreachable Redis stops the start at once
+    try:  # then the adapter store: one that cannot be reached stops the start before the model loads
+        store = open_store(cfg.data_dir, cfg.adapter_store, cfg.adapter_cache_bytes)
+    except BaseException:
+        bus.close()
+        raise
     base = base or resolve_base_model(cfg.model)
-    metrics = Metrics()
-    store = SkillStore(cfg.data_dir)
+    metrics = Metrics(cfg.replica_name)
+    metrics.watch_store(store)
     engine = engine or make_engine(cfg, base, metrics)
     metrics.watch_engine(engine)
     embedder = embedder or make_embedder(cfg.embedder, cfg.device)
@@ -132,7 +139,9 @@ def build_components(
     pool.load_all()
     bus.subscribe(pool.on_event)
     # the gate generates with this engine: a skill is judged by the engine that will serve it
-    trainer = trainer or SkillTrainer(store, router, base, device=cfg.device, judge=EngineJudge(engine))
+    trainer = trainer or SkillTrainer(
+        store, router, base, device=cfg.device, judge=EngineJudge(engine), dtype=cfg.dtype
+    )
     runner = make_runner(trainer, metrics.training, lambda: serving_busy(engine)) if cfg.run_trainer else None
     stored = announcer(bus, pool.register)  # served here at once, then by every server that reads the bus
     ended = metrics.training.job_ended

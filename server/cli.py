@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from skillpool.adapters_store.objects import StoreUnavailable
+
     from .app import create_app
     from .auth import KeyFileError, KeyRing
     from .bootstrap import build_components
@@ -36,8 +38,15 @@ def run(args: argparse.Namespace) -> int:
         keys = KeyRing.from_config(cfg)  # before the model loads: a bad keys file stops the start at once
     except KeyFileError as e:
         raise SystemExit(f"skillpool serve: {e}") from None
+    if cfg.replicas is not None or cfg.ingress_replicas != 1 or cfg.ray_address or cfg.replica_gpus:
+        from .cluster.launch import serve_cluster  # imports Ray only after checking that it is installed
+
+        return serve_cluster(cfg, args.threads, args.log_level)
     signal.signal(signal.SIGHUP, lambda *_: keys.reload())  # uvicorn handles SIGINT and SIGTERM, not this one
-    components = build_components(cfg)
+    try:
+        components = build_components(cfg)
+    except StoreUnavailable as e:  # says which store and why: unreachable, credentials refused, no such bucket
+        raise SystemExit(f"skillpool serve: cannot start: {e}") from None
     app = create_app(components, keys)
     print(
         f"skillpool: serving {components.base.model_id} with {len(components.pool.records())} skill(s) on http://{cfg.host}:{cfg.port}",

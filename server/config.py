@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
+from skillpool.adapters_store.disk_cache import DEFAULT_CACHE_BYTES, cache_size
+from skillpool.adapters_store.dtype import DTYPES
 from skillpool.router import RouterSettings
 from skillpool.router.flags import add_router_flags, router_settings
 from skillpool.trainer.service import DEFAULT_PREFIX
@@ -67,6 +69,17 @@ def nice_increment(text: str) -> int:
     return value
 
 
+def gpu_share(text: str) -> float:
+    """GPUs one replica takes: a share of one (0.25: four on a GPU) or a whole number of them."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (0 < value <= 1 or (value.is_integer() and 1 <= value <= 64)):
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] or a whole number of GPUs, not {text}")
+    return value
+
+
 def option(default: Any, help: str, *names: str, **kw: Any) -> Any:
     """A field default with its flag's `Option` as metadata."""
     return field(default=default, metadata={"option": Option(help, names, **kw)})
@@ -75,6 +88,25 @@ def option(default: Any, help: str, *names: str, **kw: Any) -> Any:
 @dataclass(frozen=True)
 class ServerConfig:
     data_dir: Path = option(Path("./data"), "skill store, jobs (default ./data)")
+    adapter_store: str | None = option(
+        None,
+        "where skills are stored: a folder (a path or file://PATH; default: the data dir) or an S3-compatible bucket, "
+        "s3://BUCKET/PREFIX, reached with the standard AWS settings (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION; the cluster extra) (env SKILLPOOL_ADAPTER_STORE)",
+        env="SKILLPOOL_ADAPTER_STORE",
+    )
+    adapter_cache_bytes: int = option(
+        DEFAULT_CACHE_BYTES,
+        "with an s3:// store: this node's disk cache of downloaded skill files under the data dir (bytes, or 2GiB, "
+        "512MiB; 0: none), least recently used leave first",
+        parse=cache_size,
+    )
+    replica_name: str | None = option(
+        None,
+        "this process' `replica` label on the adapter hit and load metrics (env SKILLPOOL_REPLICA; default: the "
+        "host name)",
+        env="SKILLPOOL_REPLICA",
+    )
     model: Path | None = option(
         None, "local Hugging Face LLaMA-family checkpoint (default: packaged SmolLM2-135M-Instruct)"
     )
@@ -101,6 +133,14 @@ class ServerConfig:
         env="SKILLPOOL_API_KEYS_FILE",
     )
     device: str | None = option(None, "cpu or cuda (default: cuda when available)")
+    dtype: str | None = option(
+        None,
+        "what the base model computes in, serving and training (LoRA weights, the loss and the optimizer stay "
+        "float32). auto: bfloat16 on a CPU with AVX-512 BF16 or AMX, float32 on other CPUs; on CUDA the engine "
+        "bfloat16, the trainer float32 (default auto; env SKILLPOOL_DTYPE)",
+        choices=DTYPES,
+        env="SKILLPOOL_DTYPE",
+    )
     engine: str = option("hf", "the engine that generates", choices=ENGINES)
     batch_window_s: float = option(
         0.01, "routing: wait this long (ms) to batch embeddings", "--batch-window-ms", per=1000
@@ -182,6 +222,23 @@ class ServerConfig:
     )
     redis_prefix: str = option(DEFAULT_PREFIX, "prefix of this server's Redis keys")
     run_trainer: bool = option(True, "with --redis-url: only enqueue; `skillpool worker` trains", negate="--no-trainer")
+    replicas: int | None = option(
+        None,
+        "serve on Ray Serve with this many engine replicas, each request sent to the replica that holds its mix's "
+        "heaviest skill (the cluster extra: pip install -e .[cluster]; docs/scale-out.md). Default: one process",
+        parse=positive_int,
+    )
+    ingress_replicas: int = option(
+        1,
+        "with --replicas: replicas of the HTTP app and its routing (more than 1 needs --redis-url)",
+        parse=positive_int,
+    )
+    ray_address: str | None = option(
+        None, "with --replicas: the Ray cluster to join, HOST:PORT or ray://HOST:10001 (default: start a local one)"
+    )
+    replica_gpus: float | None = option(
+        None, "with --replicas on CUDA: GPUs per engine replica (default 1; 0.25 puts four on one GPU)", parse=gpu_share
+    )
     router: RouterSettings = field(default_factory=RouterSettings)  # flags: skillpool.router.flags
 
     @classmethod

@@ -15,6 +15,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `skillpool` sets it (see cli/main.py)
+# every engine, trainer and server the tests start computes in float32 unless a test asks for bf16: `auto` would
+# pick bf16 on some CPUs and not on others (adapters_store/dtype.py)
+os.environ.setdefault("SKILLPOOL_DTYPE", "float32")
 
 
 def _triton_interpreter_without_gpu() -> None:

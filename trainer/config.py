@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from skillpool.adapters_store.dtype import DTYPES
+
 METHODS = ("isolated", "sapt", "kif")  # each name has its class in trainer/methods (which checks a job's method)
 DEFAULT_METHOD = "isolated"
 KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/methods/kif.py
@@ -17,7 +19,7 @@ MAX_VARIANT_COPIES = 4
 # fields added after runs were recorded, each with the value that trains as a config without it did: a recorded
 # config lacking one is read as having it (eval continual's --resume and --reference compare recorded configs;
 # a Redis job's payload is one, so a job queued before an upgrade trains as it was queued)
-ADDED_SINCE: dict[str, Any] = {"prompt_variant_copies": 1}
+ADDED_SINCE: dict[str, Any] = {"prompt_variant_copies": 1, "dtype": "float32"}
 
 
 def as_recorded_now(raw: Any) -> Any:
@@ -45,6 +47,9 @@ class TrainConfig:
     # the steps whose padded batch holds at least 2,048 tokens (Schedule.checkpoint_tokens), off on a GPU:
     # smaller batches fit without it and pay the most for it (docs/design/decisions.md#gradient-checkpointing-auto)
     gradient_checkpointing: str = "auto"
+    # what the forward and backward multiply in (the loss, the LoRA weights and AdamW's state stay float32):
+    # "auto" is the trainer's --dtype, itself bf16 on a CPU with bf16 arithmetic (adapters_store/dtype.py)
+    dtype: str = "auto"
     warmup_ratio: float = 0.06
     weight_decay: float = 0.0
     eval_fraction: float = 0.1  # held-out split for the skill's eval result
@@ -171,6 +176,8 @@ class TrainConfig:
                 "config.gradient_checkpointing",
                 f"must be one of {', '.join(CHECKPOINTING)}, got {self.gradient_checkpointing!r}",
             )
+        if self.dtype not in DTYPES:
+            raise ConfigError("config.dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.seed < 2**63:  # torch.manual_seed takes no more
             raise ConfigError("config.seed", "must be in [0, 2**63)")
 

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from skillpool.adapters_store.dtype import resolve_dtype
+
 Encoded = tuple[list[int], list[int]]  # (token ids, labels with -100 on the prompt)
 
 
@@ -70,6 +72,9 @@ class Schedule:
     # it (measured: docs/design/decisions.md)
     checkpointing: bool | None = None
     checkpoint_tokens: int = 2048
+    # what the forward and backward multiply in, as TrainConfig's dtype names it (None: the process's setting,
+    # adapters_store/dtype.py); bfloat16 runs them under autocast, the loss, weights and AdamW staying float32
+    dtype: str | None = "float32"
 
 
 def batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
@@ -111,8 +116,9 @@ def answer_loss(peft_model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     ).last_hidden_state
     targets = batch["labels"][:, 1:]
     keep = targets != -100
-    logits = inner.get_output_embeddings()(hidden[:, :-1][keep])
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+    with torch.autocast(hidden.device.type, enabled=False):  # the answer tokens' logits and loss in float32
+        logits = inner.get_output_embeddings()(hidden[:, :-1][keep].float())
+        return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
 
 
 @contextmanager
@@ -269,6 +275,8 @@ class TrainLoop:
         if schedule.checkpointing or (schedule.checkpointing is None and self.device.type == "cpu"):
             self.recompute_from = 0 if schedule.checkpointing else schedule.checkpoint_tokens
         self._recompute: Callable[[bool], None] = _keep  # run's switch while it holds checkpointing
+        # auto on a GPU stays float32, as the trainer has always trained there
+        self.dtype = resolve_dtype(schedule.dtype, self.device.type, cuda="float32")
         self.meter = ProgressMeter(self.total, on_progress)
         self._task_batches = self._batch_ids()  # kept across `run` calls, so a resumed run takes the next batches
 
@@ -284,7 +292,8 @@ class TrainLoop:
             raise Cancelled()
         batch = {k: v.to(self.device) for k, v in collate(items, self.pad_token_id).items()}
         self._recompute(self.recompute_from is not None and batch["input_ids"].numel() >= self.recompute_from)
-        loss, answer = self.method.loss(batch, ids)
+        with torch.autocast(self.device.type, self.dtype, enabled=self.dtype != torch.float32):
+            loss, answer = self.method.loss(batch, ids)
         loss.backward()
         self.method.after_backward(self)
         for group in self.opt.param_groups:  # apart: sapt's router CE must not shrink the block's step

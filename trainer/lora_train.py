@@ -95,6 +95,7 @@ def schedule_of(cfg: TrainConfig) -> Schedule:
         cfg.weight_decay,
         cfg.warmup_ratio,
         CHECKPOINTING[cfg.gradient_checkpointing],
+        dtype=None if cfg.dtype == "auto" else cfg.dtype,  # auto: the trainer's --dtype
     )
 
 

@@ -11,11 +11,13 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from skillpool.adapters_store.base_model import BaseModel, resolve_device
+from skillpool.adapters_store.dtype import dtype_name, resolve_dtype
 from skillpool.adapters_store.lora import load_peft_adapter
 from skillpool.adapters_store.store import SkillDraft, SkillRecord, SkillStore
 from skillpool.router import Router
@@ -84,11 +86,14 @@ class SkillTrainer:
         device: str | None = None,
         sync_router: bool = False,
         judge: Judge | None = None,
+        dtype: str | None = None,
     ) -> None:
         """`sync_router`: the router is private to this trainer (a Redis worker), so it is refreshed from the
         shared store before each job; a server's trainer shares the live router, which is always current.
         `judge`: what the quality gate generates with (a server passes its engine); None: a LocalJudge on the
-        trainer's own model."""
+        trainer's own model. `dtype`: what a job whose config says "auto" trains in (--dtype; None:
+        SKILLPOOL_DTYPE, else auto)."""
+        self.dtype = dtype
         self.store, self.router, self.base, self.device, self.sync_router = store, router, base, device, sync_router
         self.judge = judge
         store.clean_tmp()  # scratch and half-written versions of a trainer that was killed (live owners' stay)
@@ -125,6 +130,9 @@ class SkillTrainer:
         `extra_meta` goes into meta.json as is (e.g. the OpenAI `fine_tuned_model` id the skill answers to)."""
         check = stop_check(should_stop)
         check()
+        # the dtype it trains in, by name: the skill's meta says what it was
+        dtype = resolve_dtype(self.dtype if cfg.dtype == "auto" else cfg.dtype, resolve_device(self.device), "float32")
+        cfg = replace(cfg, dtype=dtype_name(dtype))
         training_method = self._method(method)
         train, held, replay, probe = split_examples(examples, cfg)
         router_tensors, router_meta = self._keys(train, check)

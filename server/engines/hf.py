@@ -32,10 +32,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.lora_bank import LoRABank
+from skillpool.adapters_store.objects import StoreUnavailable
 
 from .detokenize import TextStream
-from .kv import KVBatch
+from .kv import KVBatch, kv_dtype
 from .kv_budget import KVBudget
+from .packed import pack_linears
 from .prefill import Prefill
 from .prefix import PrefixCache
 from .priority import lower_priority
@@ -97,7 +99,9 @@ class HFEngine(Prefill, StreamsEvents):
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stubs type .to oddly
-        self.bank = LoRABank(self.model)
+        self.bank = LoRABank(self.model, torch.float32 if self.device.type == "cpu" else None)
+        self.kv_dtype = kv_dtype(self.model, self.device)
+        pack_linears(self.model)  # bfloat16 on a CPU: weights in oneDNN's layout once, not on every product
         self.cache_kw = cache_keyword(self.model)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 2048))
         eos = self.tokenizer.eos_token_id
@@ -119,7 +123,7 @@ class HFEngine(Prefill, StreamsEvents):
         self.prefix = PrefixCache(prefix_cache_tokens)
         self.kv_budget = KVBudget.for_model(
             self.model,
-            dtype,
+            self.kv_dtype,
             self.device,
             kv_cache_memory_bytes,
             kv_reserve_bytes,
@@ -177,6 +181,7 @@ class HFEngine(Prefill, StreamsEvents):
             "waiting": self._pending,
             "resident_skills": len(self.bank),
             "adapter_loads": self.skills.loads,
+            "adapter_hits": self.skills.hits,
             "known_skills": self.skills.known,
             "aborted": self._aborted,
             "prefix_cached_tokens": self.prefix.cached_tokens,
@@ -303,7 +308,8 @@ class HFEngine(Prefill, StreamsEvents):
                 else:
                     s.gen.seed()
         except Exception as e:  # this request alone fails (a skill retired since routing, a broken adapter)
-            self._finish(s, "error", error=str(e).strip("'\""), not_found=isinstance(e, KeyError))
+            why = {"not_found": isinstance(e, KeyError), "unavailable": isinstance(e, StoreUnavailable)}  # 404, 503
+            self._finish(s, "error", text="", error=str(e).strip("'\""), **why)
             return False
         return True
 
@@ -314,8 +320,10 @@ class HFEngine(Prefill, StreamsEvents):
         keep = [i for i, (s, t) in enumerate(zip(group, tokens)) if self._push(s, t)]
         if not keep:
             return
-        kv = kv.select(keep)
-        self._kv = kv if self._kv is None else self._kv.merge(kv)
+        if self._kv is None:
+            self._kv = kv.select(keep)  # a decode batch of its own: buffers with room to grow
+        else:  # written into the batch's spare rows: no copy of its own first unless some rows ended already
+            self._kv = self._kv.merge(kv if len(keep) == len(group) else kv.select(keep))
         self._running.extend(group[i] for i in keep)
 
     def _decode(self) -> None:
@@ -344,10 +352,13 @@ class HFEngine(Prefill, StreamsEvents):
         self._drop_finished()
 
     def _drop_finished(self) -> None:
-        keep = [i for i, s in enumerate(self._running) if not s.finished]
-        if len(keep) != len(self._running):
-            self._running = [self._running[i] for i in keep]
-            self._kv = self._kv.select(keep) if keep and self._kv is not None else None
+        gone = [i for i, s in enumerate(self._running) if s.finished]
+        if gone:
+            if len(gone) < len(self._running) and self._kv is not None:
+                self._kv, order = self._kv.remove(gone)  # in place: the last rows take the leavers' places
+                self._running = [self._running[i] for i in order]
+            else:
+                self._running, self._kv = [], None
             self.skills.sweep(self._in_use())
         if any(s.finished for s in self._waiting):
             for s in [s for s in self._waiting if s.finished]:
@@ -381,9 +392,9 @@ class HFEngine(Prefill, StreamsEvents):
             s.send(EngineEvent(text=delta, tokens=s.out))
         return True
 
-    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None, not_found: bool = False) -> None:
+    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None, **why: bool) -> None:
         if s.finished:
             return
         s.finished = True
         self._aborted += reason == "abort"
-        s.send(EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error, not_found=not_found))
+        s.send(EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error, **why))  # not_found, unavailable

@@ -1,9 +1,9 @@
 """The hf engine's admission by KV memory: a request reserves its prompt + max_tokens, and waits while the rows
 already holding KV leave no room for it.
 
-The decode batch's cache is left-padded to its longest row (kv.py), with SPARE columns to grow into, and is
-copied whole when rows join or leave (merge, select): n rows at their peak cost 2 × n × (longest + SPARE)
-tokens. The prefix cache's tokens are taken off the budget first. A request that cannot fit even alone is
+The decode batch's cache is left-padded to its longest row (kv.py), with at most SPARE columns more (room on
+the left and columns to grow into), and is copied whole when it grows: n rows at their peak cost
+2 × n × (longest + SPARE) tokens. The prefix cache's tokens are taken off the budget first. A request that cannot fit even alone is
 refused at submit (protocol.RequestTooLarge, a 400); one that does not fit now waits in the queue, in order.
 """
 
@@ -18,7 +18,7 @@ from ..memory import MemoryPlanError, ModelShape, kv_bytes_per_token
 from .kv import SPARE
 from .protocol import EngineRequest
 
-COPIES = 2  # the cache exists twice while rows join or leave (merge/select build the new one from the old)
+COPIES = 2  # the cache exists twice while it grows (the new buffers are filled from the old)
 CUDA_SHARE = 0.8  # of the memory free after weights and the trainer's reserve: the rest is prefill's activations
 
 

@@ -40,6 +40,7 @@ class Prefill:
     cache_kw: str
     pad_id: int
     device: torch.device
+    kv_dtype: torch.dtype
     max_num_seqs: int
     kv_budget: KVBudget
 
@@ -49,7 +50,7 @@ class Prefill:
     def _admitted(self) -> None:
         raise NotImplementedError
 
-    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None, not_found: bool = False) -> None:
+    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None, **why: bool) -> None:
         raise NotImplementedError
 
     def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
@@ -102,13 +103,13 @@ class Prefill:
                 return
             head.check_past()
             if head.past_len:
-                head.cache, head.done_prompt = growing_cache(head.past, spare=budget), head.past_len
+                head.cache, head.done_prompt = growing_cache(head.past, budget, self.kv_dtype), head.past_len
         self._prefill_chunk(head, budget)
 
     def _prefill_whole(self, group: list[Row]) -> None:
         """One padded forward over the rows' prompts after their cached prefixes: the prefixes left-padded to
         the longest, then the rest of each prompt left-padded to the longest rest (masked holes between)."""
-        ids, pos, mask, past = prefill_inputs(group, self.pad_id, self.device)
+        ids, pos, mask, past = prefill_inputs(group, self.pad_id, self.device, self.kv_dtype)
         cache = past.cache if past is not None else DynamicCache()
         try:
             with self.bank.mixed([s.mix.ranked for s in group], tokens=ids.shape[1]):
@@ -125,7 +126,7 @@ class Prefill:
             for s in group:
                 self._finish(s, "error", error=f"prefill failed: {e}")
             return
-        kv = KVBatch(cache, mask)
+        kv = KVBatch(cache, mask, self.kv_dtype)
         for i, s in enumerate(group):
             s.done_prompt, s.past = len(s.req.prompt_ids), []
             if self.prefix.would_keep(len(s.req.prompt_ids), s.past_len):
@@ -159,7 +160,7 @@ class Prefill:
         self._waiting.popleft()
         self._admitted()
         cache, s.cache, s.past = s.cache, None, []
-        kv = KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device))
+        kv = KVBatch(cache, torch.ones((1, end), dtype=torch.long, device=self.device), self.kv_dtype)
         if self.prefix.would_keep(len(p), s.past_len):
             self.prefix.insert(s.mix, p, kv.row(0))
         self._join([s], kv, out.logits[:, -1, :])

@@ -117,7 +117,7 @@ def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row
 
 
 def prefill_inputs(
-    group: Sequence[Row], pad_id: int, device: torch.device
+    group: Sequence[Row], pad_id: int, device: torch.device, kv_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, KVBatch | None]:
     """One padded forward's inputs for the rows' prompts after their cached prefixes: the prefixes left-padded
     to the longest (the returned past KV; None when no row has one), then the rest of each prompt left-padded
@@ -133,6 +133,6 @@ def prefill_inputs(
         new[i, width - len(rest) :] = 1
         pos[i, width - len(rest) :] = torch.arange(s.past_len, len(s.req.prompt_ids))
     new = new.to(device)
-    past = KVBatch.stack([s.past for s in group], spare=width) if any(s.past_len for s in group) else None
+    past = KVBatch.stack([s.past for s in group], width, kv_dtype) if any(s.past_len for s in group) else None
     mask = torch.cat([past.mask, new], dim=1) if past is not None else new
     return ids.to(device), pos.to(device), mask, past

@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from skillpool.adapters_store.disk_cache import DEFAULT_CACHE_BYTES, cache_size
+from skillpool.adapters_store.dtype import DTYPE_SETTING, DTYPES
 from skillpool.router.flags import add_router_flags, router_settings
 
 from ..keys import DEFAULT_PREFIX
@@ -27,8 +29,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data-dir", type=Path, default=Path("./data"), help="the skill store shared with the servers"
     )  # serve's default too (ServerConfig.data_dir)
+    p.add_argument(
+        "--adapter-store",
+        default=os.environ.get("SKILLPOOL_ADAPTER_STORE") or None,
+        help="where skills are stored, as for serve: a folder (default: the data dir) or s3://BUCKET/PREFIX with the "
+        "standard AWS settings (env SKILLPOOL_ADAPTER_STORE)",
+    )
+    p.add_argument(
+        "--adapter-cache-bytes",
+        type=cache_size,
+        default=DEFAULT_CACHE_BYTES,
+        help="with an s3:// store: the disk cache of downloaded skill files under the data dir (2GiB, 512MiB; 0: none)",
+    )
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--device", default=None)
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=os.environ.get(DTYPE_SETTING) or None,
+        help="what training computes in, as for serve: auto (bfloat16 on a CPU with AVX-512 BF16 or AMX, float32 "
+        "elsewhere), float32 or bfloat16 (env SKILLPOOL_DTYPE)",
+    )
     p.add_argument(
         "--lease-s",
         type=float,
@@ -55,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from skillpool.adapters_store.base_model import resolve_base_model
-    from skillpool.adapters_store.store import SkillStore
+    from skillpool.adapters_store.store import StoreUnavailable, open_store
     from skillpool.router.build import make_router
 
     from ..bus import RedisEventBus, announcer
@@ -67,11 +88,19 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     set_threads(args.threads)
+    try:
+        store = open_store(args.data_dir, args.adapter_store, args.adapter_cache_bytes)
+    except StoreUnavailable as e:
+        raise SystemExit(f"skillpool worker: cannot start: {e}") from None
     base = resolve_base_model(args.model)
-    store = SkillStore(args.data_dir)
     # the worker's router only prepares keys; it re-reads the shared store before each sapt job
     trainer = SkillTrainer(
-        store, make_router(router_settings(args), base, device=args.device), base, device=args.device, sync_router=True
+        store,
+        make_router(router_settings(args), base, device=args.device),
+        base,
+        device=args.device,
+        sync_router=True,
+        dtype=args.dtype,
     )
     bus = RedisEventBus(args.redis_url, args.redis_prefix)  # every server serves a stored skill once it reads it
     metrics = TrainingMetrics(CollectorRegistry())  # its own registry: only the training series, as documented
@@ -90,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         http, _ = start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     served = f", metrics on {args.metrics_host}:{args.metrics_port}" if http is not None else ""
     print(
-        f"skillpool worker: training for {base.model_id}, store {args.data_dir}, queue {args.redis_url}{served}",
+        f"skillpool worker: training for {base.model_id}, store {store.location}, queue {args.redis_url}{served}",
         file=sys.stderr,
         flush=True,
     )
