@@ -28,6 +28,13 @@ T = TypeVar("T")
 DOWN_S = 2.0
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 _EXISTS = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+
+
+def _code(e: ClientError) -> str:
+    """The S3 error code of a failed call ("NoSuchKey", "PreconditionFailed"...), "" when it has none."""
+    return str(e.response.get("Error", {}).get("Code", ""))
+
+
 _REFUSED = frozenset(
     {
         "InvalidAccessKeyId",
@@ -88,8 +95,7 @@ class S3Objects(ObjectStore):
         try:
             return fn()
         except ClientError as e:
-            err = e.response.get("Error", {})
-            code = str(err.get("Code", ""))
+            code = _code(e)
             status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if code in _REFUSED or status == 403:
                 self._trip(
@@ -129,7 +135,7 @@ class S3Objects(ObjectStore):
             try:
                 return bytes(self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"].read())
             except ClientError as e:
-                if str(e.response.get("Error", {}).get("Code", "")) in _MISSING:
+                if _code(e) in _MISSING:
                     return None
                 raise
 
@@ -144,7 +150,7 @@ class S3Objects(ObjectStore):
                 self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=data, IfNoneMatch="*")
                 return True
             except ClientError as e:
-                if str(e.response.get("Error", {}).get("Code", "")) in _EXISTS:
+                if _code(e) in _EXISTS:
                     return False
                 raise
 
@@ -162,7 +168,7 @@ class S3Objects(ObjectStore):
             try:
                 body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)["Body"]
             except ClientError as e:
-                if str(e.response.get("Error", {}).get("Code", "")) in _MISSING:
+                if _code(e) in _MISSING:
                     raise FileNotFoundError(f"{self.url}{key}: no such object") from None
                 raise
             with dest.open("wb") as fh:

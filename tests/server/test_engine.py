@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -86,6 +87,16 @@ def test_batched_greedy_equals_one_at_a_time(engine: HFEngine) -> None:
         assert run(engine, [p], [MIXES[i]])[0] == batched[i]
 
 
+def staggered(engine: HFEngine, specs: list[tuple[str, Any, int]]) -> list[Any]:
+    """Each (prompt, mix, max_tokens) sent a few decode steps after the one before; their answers, in order."""
+    runs: list[Run] = []
+    for p, m, n in specs:
+        runs.append(Run(engine, p, m, max_tokens=n))
+        while len(runs[0].events) < 2 * len(runs) and not runs[0].done.is_set():
+            time.sleep(0.002)  # let the batch run a few steps before the next one joins
+    return [r.result() for r in runs]
+
+
 def test_rows_joining_and_leaving_mid_decode_give_the_same_greedy_tokens(engine: HFEngine) -> None:
     """Requests arrive while others decode and leave at different lengths: every row's answer equals its solo run."""
     specs = [
@@ -95,12 +106,7 @@ def test_rows_joining_and_leaving_mid_decode_give_the_same_greedy_tokens(engine:
         ("x", (("one", 0.2), ("two", 0.3), ("three", 0.5)), 12),
     ]
     solo = [run(engine, [p], [m], max_tokens=n)[0] for p, m, n in specs]
-    runs = []
-    for p, m, n in specs:
-        runs.append(Run(engine, p, m, max_tokens=n))
-        while len(runs[0].events) < 2 * len(runs) and not runs[0].done.is_set():
-            time.sleep(0.002)  # let the batch run a few steps before the next one joins
-    assert [r.result() for r in runs] == solo
+    assert staggered(engine, specs) == solo
 
 
 def test_a_request_arriving_mid_decode_gets_its_first_token_before_the_running_one_ends(engine: HFEngine) -> None:

@@ -4,7 +4,6 @@ batching, chunked prefill and prefix caching stay exact."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from skillpool.server.engines.hf import HFEngine
 from skillpool.server.engines.kv import FLOAT32_ATTENTION, KVBatch
 from skillpool.server.engines.packed import PackedLinear
-from tests.server.test_engine import MIXES, PROMPTS, Run, make_engine, run
+from tests.server.test_engine import MIXES, PROMPTS, make_engine, run, staggered
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +79,4 @@ def test_rows_joining_and_leaving_mid_decode_answer_as_alone(bf16: HFEngine) -> 
         ("Hi", (("one", 0.3), ("three", 0.7)), 12),
     ]
     solo = [run(bf16, [p], [m], max_tokens=n)[0] for p, m, n in specs]
-    runs = []
-    for p, m, n in specs:
-        runs.append(Run(bf16, p, m, max_tokens=n))
-        while len(runs[0].events) < 2 * len(runs) and not runs[0].done.is_set():
-            time.sleep(0.002)  # let the batch run a few steps before the next one joins
-    assert [r.result() for r in runs] == solo
+    assert staggered(bf16, specs) == solo
