@@ -28,6 +28,12 @@ requests past max_ongoing_requests and its router retries):
   rejected, a few milliseconds later, well inside the 1-2 s matching timeout, which therefore never expires here).
   The replica it lands on loads the key (it joins that replica's id LRU). The replicas' id sets reach the router
   at once (Ray pushes them asynchronously).
+- group: affinity keyed by the heaviest skill's neighbourhood instead of the skill: the --mux-slots most popular
+  skills keep their own key, the others share one key per window of 64 ranks. A model of keying by clusters of
+  related skills (a mix's skills are neighbours); the server keys by the skill.
+- partition: a bound, not a router: the GPU slots x N most popular skills are packed by popularity onto the
+  replicas, the rest go by windows of 64 ranks in turn; a request goes to its heaviest skill's replica unless it
+  is full (then the least loaded). It knows the ranks, which no router does.
 A request that finds every replica full waits in one FIFO queue at the router; when a request completes, the
 queue's head starts on the replica that freed the slot (the only one with room). Ray's FIFO router may instead
 hand that slot to a queued request whose model id matches; we do not model that.
@@ -38,7 +44,7 @@ busiest_over_mean (the busiest replica's served requests over the mean) and queu
 waited for a slot). The last line printed is one JSON object {"N": {"8": {"random": {...}, ...}, ...}}.
 
     .venv/bin/python -m load_tests.bench_placement [--requests 200000] [--skills 10000] [--replicas 4,8,16]
-        [--seed 0] [--policies random,pow2,affinity] [--mux-slots 64]
+        [--seed 0] [--policies random,pow2,affinity,group,partition] [--mux-slots 64]
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ GPU_SLOTS = 64
 HOST_SLOTS = 1024
 MAX_ONGOING = 32
 LOAD = 0.7
-POLICIES = ("random", "pow2", "affinity")
+POLICIES = ("random", "pow2", "affinity", "group", "partition")
+WINDOW = 64  # ranks per neighbourhood (group) and per tail block (partition)
 KEYS = ("gpu_hit", "store_fetch_rate", "busiest_over_mean")  # the JSON line's fields
 Results = dict[str, dict[str, dict[str, float]]]  # N -> policy -> figure -> value
 
@@ -149,6 +156,24 @@ class Simulation:
         self.rng = random.Random(seed * 1_000_003 + replicas * 101 + POLICIES.index(policy))
         self.result = Result(replicas=replicas, policy=policy, requests=len(trace.mixes))
         self.result.assigned = [-1] * len(trace.mixes)
+        self.home = self._packed(replicas) if policy == "partition" else {}
+
+    @staticmethod
+    def _packed(replicas: int) -> dict[int, int]:
+        """partition: the most popular ranks, heaviest first, each onto the replica with the least weight so far."""
+        weight = [0.0] * replicas
+        home = {}
+        for rank in range(GPU_SLOTS * replicas):
+            idx = min(range(replicas), key=weight.__getitem__)
+            home[rank] = idx
+            weight[idx] += (rank + 1) ** -ZIPF_S
+        return home
+
+    def key(self, skill: int) -> int:
+        """The multiplexed model id of a request whose heaviest skill is `skill`."""
+        if self.policy == "group" and skill >= self.mux_slots:
+            return -1 - skill // WINDOW  # negative: never a skill's own id
+        return skill
 
     def open_replicas(self) -> list[int]:
         return [i for i, r in enumerate(self.reps) if r.load < MAX_ONGOING]
@@ -169,6 +194,10 @@ class Simulation:
                 ok = [i for i in pair if self.reps[i].load < MAX_ONGOING]
                 if ok:
                     return self.least_loaded(ok)
+        if self.policy == "partition":
+            home = self.home.get(key, (key // WINDOW) % n)
+            return home if self.reps[home].load < MAX_ONGOING else self.least_loaded(open_)
+        key = self.key(key)
         holding = [i for i in self.holders.get(key, ()) if self.reps[i].load < MAX_ONGOING]
         if holding:
             return self.least_loaded(holding)
@@ -219,8 +248,8 @@ class Simulation:
         rep.load += 1
         rep.served += 1
         mix = self.trace.mixes[req]
-        if self.policy == "affinity":
-            self.hold_key(idx, mix[0])
+        if self.policy in ("affinity", "group"):
+            self.hold_key(idx, self.key(mix[0]))
         for j, skill in enumerate(mix):
             if self.lookup(rep, skill) and j == 0:
                 res.key_gpu_hits += 1
@@ -273,14 +302,16 @@ def table(n: str, rows: dict[str, dict[str, float]]) -> str:
 def targets(results: Results) -> list[tuple[str, bool]]:
     checks: list[tuple[str, bool]] = []
     at8 = results.get("8", {})
-    if "random" in at8 and "affinity" in at8:
-        rnd, aff = at8["random"], at8["affinity"]
+    for policy in ("affinity", "group"):
+        if "random" not in at8 or policy not in at8:
+            continue
+        rnd, aff = at8["random"], at8[policy]
         ratio = aff["gpu_hit"] / rnd["gpu_hit"]
-        checks.append((f"N=8 affinity gpu_hit >= 1.6x random ({ratio:.2f}x)", ratio >= 1.6))
+        checks.append((f"N=8 {policy} gpu_hit >= 1.6x random ({ratio:.2f}x)", ratio >= 1.6))
         fetch = aff["store_fetch_rate"] / rnd["store_fetch_rate"]
-        checks.append((f"N=8 affinity store_fetch_rate <= 0.5x random ({fetch:.2f}x)", fetch <= 0.5))
+        checks.append((f"N=8 {policy} store_fetch_rate <= 0.5x random ({fetch:.2f}x)", fetch <= 0.5))
         busy = aff["busiest_over_mean"]
-        checks.append((f"N=8 affinity busiest_over_mean <= 1.15 ({busy:.3f})", busy <= 1.15))
+        checks.append((f"N=8 {policy} busiest_over_mean <= 1.15 ({busy:.3f})", busy <= 1.15))
     if all(k in results and "affinity" in results[k] for k in ("4", "8", "16")):
         hits = [results[k]["affinity"]["gpu_hit"] for k in ("4", "8", "16")]
         text = " < ".join(f"{h:.3f}" for h in hits)

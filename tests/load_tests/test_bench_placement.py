@@ -59,6 +59,16 @@ def test_affinity_keeps_more_in_the_gpu_tier_than_random(trace: bp.Trace) -> Non
         assert aff["key_gpu_hit"] > rnd["key_gpu_hit"]
 
 
+def test_group_keys_share_a_key_per_window_and_partition_keeps_a_skill_home(trace: bp.Trace) -> None:
+    group = bp.Simulation(trace, 4, "group", seed=3, mux_slots=8)
+    assert group.key(3) == 3 and group.key(8) == group.key(bp.WINDOW - 1) != group.key(bp.WINDOW)
+    assert group.key(bp.WINDOW) < 0  # a window's key is no skill's id
+    res = bp.simulate(trace, 4, "partition", seed=3)
+    top = [res.assigned[i] for i, m in enumerate(trace.mixes) if m[0] == 0]
+    # rank 0 has a home replica, left only when that replica is full
+    assert max(top.count(r) for r in range(4)) > len(top) // 2
+
+
 def test_same_seed_same_json_and_the_last_line_is_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--requests", str(REQUESTS), "--skills", str(SKILLS), "--replicas", "2,4", "--seed", "5"]
     lines = []
