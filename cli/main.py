@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-# Before torch loads OpenMP: waiting threads sleep instead of spinning, or the thread pools of the engine, the
-# router's MiniLM and a trainer (one process, maybe beside a worker) fight over the cores (docs/serving.md)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from skillpool.adapters_store.openmp import set_openmp_defaults
+
+set_openmp_defaults()  # before torch loads OpenMP: idle threads spin briefly, then sleep
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402

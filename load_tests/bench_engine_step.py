@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
 import statistics
 import tempfile
@@ -30,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from load_tests.fixtures import random_skills, save_peft
+from skillpool.adapters_store.openmp import set_openmp_defaults
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `skillpool` runs: before torch loads (cli/main.py)
+set_openmp_defaults()  # as `skillpool` runs: before torch loads
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 

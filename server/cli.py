@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from skillpool.adapters_store.objects import StoreUnavailable
+    from skillpool.adapters_store.openmp import in_own_thread
 
     from .app import create_app
     from .auth import KeyFileError, KeyRing
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         return serve_cluster(cfg, args.threads, args.log_level)
     signal.signal(signal.SIGHUP, lambda *_: keys.reload())  # uvicorn handles SIGINT and SIGTERM, not this one
     try:
-        components = build_components(cfg)
+        # loading runs torch on every core: in a thread of its own, whose OpenMP pool ends with it (openmp.py)
+        components = in_own_thread(lambda: build_components(cfg), "skillpool-start")
     except StoreUnavailable as e:  # says which store and why: unreachable, credentials refused, no such bucket
         raise SystemExit(f"skillpool serve: cannot start: {e}") from None
     app = create_app(components, keys)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from skillpool.adapters_store.mix import Mix
+from skillpool.adapters_store.openmp import as_helper_thread
 from skillpool.router import Decision, Router
 
 from .engines import EngineBusy
@@ -141,6 +142,7 @@ class RoutingStage:
             self._work.put((sys.maxsize, 0, (order := order + 1), None))
 
     def _work_loop(self) -> None:
+        as_helper_thread()  # MiniLM on one core: a pool of its own would stop the engine's threads spinning
         while (chunk := self._work.get()[3]) is not None:
             with self._count_lock:
                 self._waiting -= len(chunk)

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from skillpool.adapters_store.openmp import set_openmp_defaults
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `skillpool` sets it (see cli/main.py)
+set_openmp_defaults()  # as `skillpool` sets them, before torch loads
 # every engine, trainer and server the tests start computes in float32 unless a test asks for bf16: `auto` would
 # pick bf16 on some CPUs and not on others (adapters_store/dtype.py)
 os.environ.setdefault("SKILLPOOL_DTYPE", "float32")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from skillpool.adapters_store.openmp import set_compute_threads
+
 
 def add_threads_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -24,5 +26,5 @@ def set_threads(n: int | None) -> None:
         raise SystemExit("--threads must be at least 1")
     import torch
 
-    torch.set_num_threads(n)
+    set_compute_threads(n)
     torch.set_num_interop_threads(max(1, min(n, 2)))

@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from skillpool.adapters_store.base_model import resolve_device
 from skillpool.adapters_store.lora_bank import LoRABank
 from skillpool.adapters_store.objects import StoreUnavailable
+from skillpool.adapters_store.openmp import as_compute_thread
 
 from .detokenize import TextStream
 from .kv import KVBatch, kv_dtype
@@ -196,6 +197,7 @@ class HFEngine(Prefill, StreamsEvents):
     @torch.inference_mode()  # everything the thread touches (KV, adapter stacks) stays an inference tensor
     def _loop(self) -> None:
         lower_priority(self.nice)
+        as_compute_thread()  # whatever helper threads lowered torch's default to (adapters_store/openmp.py)
         try:
             while True:
                 self._beat = time.monotonic()

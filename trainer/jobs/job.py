@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from skillpool.adapters_store.openmp import in_own_thread
 from skillpool.adapters_store.store import SkillRecord
 
 from ..config import TrainConfig
@@ -151,7 +152,8 @@ def run_job(
             save(job)
 
     try:
-        record = runner(job, examples, cfg, progress, should_stop)
+        # a thread of its own: torch's thread pool ends with the job (adapters_store/openmp.py)
+        record = in_own_thread(lambda: runner(job, examples, cfg, progress, should_stop), "skillpool-training")
     except Cancelled:
         finish(job, JobStatus.CANCELLED, None, None)
         return
