@@ -9,7 +9,8 @@ forward of the same model and dtype, k=3 mix rows against that forward plus PEFT
     a StaticCache;
   - mixes: every row its own k=3 mix (all different) of --skills random rank-8 skills on q,k,v,o; PEFT serves a
     mix as one concatenated adapter (`add_weighted_adapter(..., "cat")`, exact) per row, with `adapter_names`.
-Rounds interleave the sides (each side's step time is its median), so both sides of a ratio share the machine.
+Rounds interleave the sides (each side's step time is its median), so both sides of a ratio share the machine;
+each side runs torch on a thread of its own with no other OpenMP pool alive, as the engine's loop does in a server.
 To see where an engine step goes: `py-spy record --native --threads` over this script (the engine's own thread).
 
     .venv/bin/python -m load_tests.bench_engine_step [--dtypes float32,bfloat16] [--batch 16] [--context 256]
@@ -29,25 +30,33 @@ from pathlib import Path
 from typing import Any
 
 from load_tests.fixtures import random_skills, save_peft
-from skillpool.adapters_store.openmp import set_openmp_defaults
+from skillpool.adapters_store.openmp import in_own_thread, set_openmp_defaults
 
 set_openmp_defaults()  # as `skillpool` runs: before torch loads
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
 class EngineSide:
-    """The engine measured through its own loop: the gaps between its decode steps over the full batch."""
+    """The engine measured through its own loop: the gaps between its decode steps over the full batch. Each run
+    starts an engine and closes it after, so its loop's OpenMP pool is the only one alive while a side runs."""
 
-    def __init__(self, engine: Any, batch: int, context: int, steps: int, warmup: int) -> None:
-        self.engine, self.batch, self.context, self.steps, self.warmup = engine, batch, context, steps, warmup
+    def __init__(self, make: Any, batch: int, context: int, steps: int, warmup: int) -> None:
+        self.make, self.batch, self.context, self.steps, self.warmup = make, batch, context, steps, warmup
         self._stamps: list[float] = []
-        engine.on_step = self._on_step
 
     def _on_step(self, rows: int) -> None:
         if rows == self.batch:
             self._stamps.append(time.perf_counter())
 
     def run(self, mixes: list[Any], prompts: list[list[int]]) -> list[float]:
+        self.engine = in_own_thread(self.make, "skillpool-bench-load")
+        self.engine.on_step = self._on_step
+        try:
+            return self._run(mixes, prompts)
+        finally:
+            self.engine.close()
+
+    def _run(self, mixes: list[Any], prompts: list[list[int]]) -> list[float]:
         from skillpool.server.engines.protocol import EngineRequest, SamplingParams
 
         self._stamps = []
@@ -133,17 +142,24 @@ def measure_dtype(args: Any, dtype: Any, path: Path, skills: list[Any], mixes: l
 
     b, ctx, steps, warm = args.batch, args.context, args.steps, args.warmup
     room = warm + steps + 1
-    engine = HFEngine(path, device="cpu", dtype=dtype, max_num_seqs=b, max_batched_tokens=b * (ctx + 1))
-    for name, adapter in skills:
-        engine.add_skill(name, lambda a=adapter: a)
-    side = EngineSide(engine, b, ctx, steps, warm)
-    plain = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
-    peft = peft_model(path, dtype, skills, mixes, tmp)
+
+    def make() -> HFEngine:
+        engine = HFEngine(path, device="cpu", dtype=dtype, max_num_seqs=b, max_batched_tokens=b * (ctx + 1))
+        for name, adapter in skills:
+            engine.add_skill(name, lambda a=adapter: a)
+        return engine
+
+    side = EngineSide(make, b, ctx, steps, warm)
+    plain = in_own_thread(lambda: AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval(), "load")
+    peft = in_own_thread(lambda: peft_model(path, dtype, skills, mixes, tmp), "load")
     prompt = [random.Random(1).randrange(100, 40000) for _ in range(ctx)]
     names = [f"mix{i}" for i in range(b)]
 
     def plain_run(model: Any, static: bool = False, kv: Any = None, **kw: Any) -> list[float]:
-        return plain_steps(model, filled_cache(plain, b, ctx, room, static, kv), b, ctx, steps, warm, **kw)
+        def run() -> list[float]:  # a thread of its own, as the engine's loop is
+            return plain_steps(model, filled_cache(plain, b, ctx, room, static, kv), b, ctx, steps, warm, **kw)
+
+        return in_own_thread(run, "skillpool-bench-plain")
 
     def plain_f32_attention() -> list[float]:
         plain.set_attn_implementation(FLOAT32_ATTENTION)
@@ -164,14 +180,11 @@ def measure_dtype(args: Any, dtype: Any, path: Path, skills: list[Any], mixes: l
     if args.static:
         sides["plain forward, static cache"] = lambda: plain_run(plain, static=True)
     times: dict[str, list[float]] = {}
-    try:
-        for r in range(args.rounds):
-            for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
-                t = sides[name]()
-                times.setdefault(name, []).extend(t)
-                print(f"  {name}: {statistics.median(t) * 1000:.1f} ms a step", flush=True)
-    finally:
-        engine.close()
+    for r in range(args.rounds):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            t = sides[name]()
+            times.setdefault(name, []).extend(t)
+            print(f"  {name}: {statistics.median(t) * 1000:.1f} ms a step", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     ratios = {
         "base": med["engine base"] / med["plain forward"],
@@ -208,7 +221,8 @@ def main() -> int:
     torch.manual_seed(0)
     path = resolve_base_model().path
     config = json.loads((path / "config.json").read_text())
-    skills = list(random_skills(config, args.skills, args.rank, alpha=2.0 * args.rank))
+    # no torch work on this thread: a pool of its own would throttle the measured threads' spinning (openmp.py)
+    skills = in_own_thread(lambda: list(random_skills(config, args.skills, args.rank, alpha=2.0 * args.rank)), "load")
     combos = random.Random(0).sample(list(itertools.combinations(range(args.skills), 3)), args.batch)
     mixes = [Mix.of({skills[a][0]: 0.5, skills[b][0]: 0.3, skills[c][0]: 0.2}) for a, b, c in combos]
     tmp = Path(tempfile.mkdtemp(prefix="skillpool-step-"))
