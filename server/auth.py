@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import logging
 import re
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,14 @@ class KeyRing:
         log.info("auth: keys reloaded from %s; %s", self.path, self.summary())
         return True
 
+    def stamp(self) -> tuple[int, int] | None:
+        """The keys file's (mtime_ns, size); None without a file or while it cannot be read."""
+        try:
+            st = self.path.stat() if self.path is not None else None
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size) if st is not None else None
+
     @property
     def anonymous_chat(self) -> bool:
         """Whether callers without a key may chat: keys exist, none of them for chat or training."""
@@ -221,3 +230,26 @@ def require(request: Request, need: Role, what: str, param: str | None = None) -
         status, _, code = why
         raise APIError(status, f"{what} needs a key with role {need} or above", param, code)
     return p
+
+
+class KeyFileWatch:
+    """Re-reads a ring's keys file whenever it changes (mtime or size, checked every `interval_s`): how processes
+    that no SIGHUP reaches, such as a cluster's ingress replicas on every node, follow the file."""
+
+    def __init__(self, ring: KeyRing, interval_s: float = 2.0) -> None:
+        self.ring, self.interval_s = ring, interval_s
+        self._seen = ring.stamp()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="skillpool-keys-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            stamp = self.ring.stamp()
+            if stamp is not None and stamp != self._seen:  # a file being replaced is read once it is back
+                self._seen = stamp
+                self.ring.reload()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

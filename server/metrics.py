@@ -145,11 +145,14 @@ class AdapterCollector:
     """Adapter lookups per tier that answered them, and adapters loaded into each tier, with this process' `replica`
     label, read at every scrape: `gpu` (an engine slot) and `host` (host memory) from the engine's stats where it
     keeps them, `disk` (the node's cache of an object store) and `store` (read from the store) from the skill
-    store. A lookup the engine misses is read from the store, through the disk cache when it is remote."""
+    store. A lookup the engine misses is read from the store, through the disk cache when it is remote. A
+    cluster's ingress also exports every engine replica's tiers under that replica's id (its engine has
+    `replica_stats`); every ingress exports the same series, so sum them per (tier, replica) with max."""
 
     HITS = ("skillpool_adapter_hits", "Adapter lookups, by the tier that answered them (gpu, host, disk, store)")
     LOADS = ("skillpool_adapter_loads", "Adapters loaded into a tier (gpu: an engine slot; disk: downloaded)")
     _ENGINE = {"gpu": ("adapter_hits", "adapter_loads"), "host": ("host_adapter_hits", "host_adapter_loads")}
+    _STORE = {t: (f"{t}_adapter_hits", f"{t}_adapter_loads") for t in ("disk", "store")}  # an engine replica's
 
     def __init__(self, replica: str) -> None:
         self.replica = replica
@@ -162,26 +165,34 @@ class AdapterCollector:
     def describe(self) -> Iterable[Metric]:
         return [CounterMetricFamily(name, doc, labels=("tier", "replica")) for name, doc in (self.HITS, self.LOADS)]
 
+    @staticmethod
+    def _tiers(stats: dict[str, int], names: dict[str, tuple[str, str]]) -> tuple[dict[str, float], dict[str, float]]:
+        hits = {tier: float(stats[hit]) for tier, (hit, _) in names.items() if hit in stats}
+        loads = {tier: float(stats[load]) for tier, (_, load) in names.items() if load in stats}
+        return hits, loads
+
     def collect(self) -> Iterator[Metric]:
+        per_replica: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
         hits: dict[str, float] = {}
         loads: dict[str, float] = {}
-        if self.engine is not None:
-            stats = self.engine.stats()
-            for tier, (hit, load) in self._ENGINE.items():
-                if hit in stats:
-                    hits[tier] = stats[hit]
-                if load in stats:
-                    loads[tier] = stats[load]
+        replica_stats = getattr(self.engine, "replica_stats", None)
+        if callable(replica_stats):  # an ingress: the engine replicas hold the adapters
+            for name, stats in replica_stats().items():
+                per_replica[name] = self._tiers(stats, {**self._ENGINE, **self._STORE})
+        elif self.engine is not None:
+            hits, loads = self._tiers(self.engine.stats(), self._ENGINE)
         if self.store is not None:
             store_hits, store_loads = self.store.tiers.snapshot()
             tiers = ("disk", "store") if self.store.remote else ("store",)
             hits.update({tier: store_hits.get(tier, 0) for tier in tiers})
             loads.update({tier: store_loads.get(tier, 0) for tier in tiers if tier != "store"})
-        for (name, doc), values in ((self.HITS, hits), (self.LOADS, loads)):
+        per_replica.setdefault(self.replica, (hits, loads))
+        for i, (name, doc) in enumerate((self.HITS, self.LOADS)):
             family = CounterMetricFamily(name, doc, labels=("tier", "replica"))
-            for tier in TIERS:
-                if tier in values:
-                    family.add_metric([tier, self.replica], float(values[tier]))
+            for replica, values in per_replica.items():
+                for tier in TIERS:
+                    if tier in values[i]:
+                        family.add_metric([tier, replica], float(values[i][tier]))
             yield family
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from ray import serve
 
 from skillpool.adapters_store.base_model import resolve_base_model, resolve_device
+from skillpool.adapters_store.openmp import openmp_defaults
 from skillpool.adapters_store.store import SkillStore, open_store
 from skillpool.trainer.service import add_threads_argument, set_threads
 
@@ -36,7 +37,7 @@ MATCHING_TIMEOUT_S = "0.2"
 REPLICA_ENV = {
     # how long a request waits for a replica holding its skill before any takes it: Ray's 1 s would add to chat's TTFT
     "RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S": MATCHING_TIMEOUT_S,
-    "OMP_WAIT_POLICY": "PASSIVE",  # as `skillpool` sets it: idle torch threads sleep (docs/serving.md)
+    **openmp_defaults(),  # as `skillpool` sets them: idle torch threads spin briefly, then sleep
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_OFFLINE": "1",
 }
@@ -152,6 +153,7 @@ class EngineDeployment:
 class IngressDeployment:
     async def __init__(self, spec: ClusterSpec, engine: Any) -> None:  # type: ignore[misc]  # Serve awaits it
         from ..app import create_app
+        from ..auth import KeyFileWatch, KeyRing
         from ..bootstrap import build_components
         from .hub import hub_handle
         from .remote_engine import RemoteEngine
@@ -165,12 +167,17 @@ class IngressDeployment:
         remote = RemoteEngine(engine, base.path, hub_handle(spec.hub_name), keyed=spec.keyed)
         await remote.start()
         self.components = await asyncio.to_thread(build_components, cfg, base, remote)
-        self._asgi = create_app(self.components)
+        keys = KeyRing.from_config(cfg)
+        self._keys_watch = KeyFileWatch(keys) if cfg.api_keys_file is not None else None  # no SIGHUP reaches here
+        self._asgi = create_app(self.components, keys)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._asgi
 
     def __del__(self) -> None:
+        watch = getattr(self, "_keys_watch", None)
+        if watch is not None:
+            watch.close()
         components = getattr(self, "components", None)
         if components is not None:
             components.close()

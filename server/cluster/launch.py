@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 INSTALL = "pip install -e .[cluster] (or bash setup.sh --cluster)"
 CONNECT_S = 5.0  # a --ray-address that does not accept a connection this fast is reported unreachable
+KEYS_NOTE = "skillpool: the ingress replicas re-read the keys file {} within 2 s of a change"
 
 
 def check_flags(cfg: ServerConfig) -> None:
@@ -103,6 +104,8 @@ def serve_cluster(cfg: ServerConfig, threads: int | None, log_level: str = "info
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    # the ingress replicas re-read the keys file when it changes; SIGHUP (which would end this process) says so
+    signal.signal(signal.SIGHUP, lambda *_: print(KEYS_NOTE.format(cfg.api_keys_file), file=sys.stderr, flush=True))
     try:
         deploy(spec, cfg.host, cfg.port)
         print(

@@ -210,6 +210,10 @@ class RemoteEngine:
         ages = [r["stats"].get("last_step_age_ms", 0) / 1000 for r in self.replicas().values()]
         return max(ages) if ages else float("inf")
 
+    def replica_stats(self) -> dict[str, dict[str, int]]:
+        """Each live engine replica's own stats, by replica id (the adapter metrics' `replica` label)."""
+        return {name: dict(r["stats"]) for name, r in self.replicas().items()}
+
     def stats(self) -> dict[str, int]:
         """The replicas' stats added up."""
         total: dict[str, int] = {}

@@ -153,11 +153,21 @@ def _loader(ref: Any) -> AdapterLoader:
     return load
 
 
+def store_stats(store: SkillStore) -> dict[str, int]:
+    """The store's adapter reads as engine stats: `<tier>_adapter_hits` and `<tier>_adapter_loads` for the node's
+    disk cache (a remote store only) and the store itself."""
+    hits, loads = store.tiers.snapshot()
+    tiers = ("disk", "store") if store.remote else ("store",)
+    out = {f"{t}_adapter_hits": int(hits.get(t, 0)) for t in tiers}
+    out.update({f"{t}_adapter_loads": int(loads.get(t, 0)) for t in tiers if t != "store"})
+    return out
+
+
 class EngineReplica:
     """The engine deployment's logic (deployments.py wraps it for Ray Serve)."""
 
     def __init__(self, engine: Engine, store: SkillStore, hub_name: str, replica_id: str) -> None:
-        self.engine, self.replica_id, self.hub_name = engine, replica_id, hub_name
+        self.engine, self.replica_id, self.hub_name, self.store = engine, replica_id, hub_name, store
         self.skills = ReplicaSkills(engine, store)
         self.hub = hub_handle(hub_name)
         self._served: dict[str, int] = {}  # requests per multiplexed key since the last report
@@ -225,6 +235,7 @@ class EngineReplica:
         stats = dict(self.engine.stats())
         stats["last_step_age_ms"] = int(self.engine.last_step_age() * 1000)
         stats["healthy"] = int(self.engine.healthy())
+        stats.update(store_stats(self.store))  # its reads from the store: the ingress exports them per replica
         return {"stats": stats, "served": served, "versions": self.skills.versions()}
 
     def _follow(self) -> None:

@@ -98,7 +98,8 @@ def test_every_panel_query_is_promql_once_grafana_fills_it_in(tmp_path: Path) ->
 
 def test_dashboard_layout_and_aggregation() -> None:
     """Unique panel ids on a non-overlapping grid; training queries see both layouts (no job or instance
-    filter); the shared queue's gauges, which every server and worker reports whole, are taken with max."""
+    filter); the shared queue's gauges, which every server and worker reports whole, are taken with max, and so
+    are the adapter tiers per replica, which every ingress of a cluster reports."""
     every = json.loads(DASHBOARD.read_text())["panels"]
     assert len({p["id"] for p in every}) == len(every)
     cells = [(x, y) for p in every for g in [p["gridPos"]] for x in range(g["x"], g["x"] + g["w"])
@@ -111,6 +112,8 @@ def test_dashboard_layout_and_aggregation() -> None:
                 assert "$instance" not in expr and "job=" not in expr, (panel["title"], expr)
             for gauge in re.findall(r"(\w*)\s*\(\s*skillpool_training_jobs_(?:queued|running)\b", expr):
                 assert gauge == "max", (panel["title"], expr)
+            if re.search(r"\bsum\b.*skillpool_adapter_(?:hits|loads)_total", expr):
+                assert expr.count("max by (tier, replica)") == expr.count("skillpool_adapter_"), (panel["title"], expr)
     titles = {p["title"] for p in panels()}
     assert {
         "Engine health",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from skillpool.server.auth import (
     ANONYMOUS,
     SINGLE_TENANT,
     KeyFileError,
+    KeyFileWatch,
     KeyRing,
     Principal,
     parse_keys,
@@ -94,6 +97,35 @@ def test_reload_takes_a_good_file_and_keeps_the_keys_on_a_bad_one(
     assert ring.principal(b"Bearer k2") == Principal("bob", "train")  # the old keys still serve
     path.unlink()
     assert not ring.reload() and ring.principal(b"Bearer k1") == Principal("alice", "chat")
+
+
+def test_a_watch_follows_the_file_and_keeps_the_keys_while_it_is_gone_or_bad(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("alice chat k1\n")
+    ring = KeyRing(path=path)
+    watch = KeyFileWatch(ring, interval_s=0.05)
+
+    def until(check: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + 10
+        while not check() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return check()
+
+    try:
+        path.write_text("alice chat k1\nbob train k2\n")  # a change of size and mtime: no signal needed
+        assert until(lambda: ring.principal(b"Bearer k2") == Principal("bob", "train"))
+        path.unlink()  # gone (a file being replaced): the keys in use stay
+        time.sleep(0.2)
+        assert ring.principal(b"Bearer k2") == Principal("bob", "train")
+        path.write_text("carol admin k3\n")
+        assert until(lambda: ring.principal(b"Bearer k3") == Principal("carol", "admin"))
+        assert ring.principal(b"Bearer k2") is None
+        path.write_text("carol admin\n")  # malformed: not taken
+        time.sleep(0.2)
+        assert ring.principal(b"Bearer k3") == Principal("carol", "admin")
+    finally:
+        watch.close()
+    assert not watch._thread.is_alive()
 
 
 def test_roles_by_method_and_path() -> None:
