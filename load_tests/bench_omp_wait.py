@@ -42,24 +42,25 @@ def sides(spin: int) -> dict[str, dict[str, str | None]]:
     }
 
 
+def apply(env: dict[str, str | None]) -> None:
+    """Set each variable of `env` in this process' environment; None unsets it."""
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def start(data: Path, env: dict[str, str | None]) -> Any:
     """A server started with `env` applied to this process' environment, which it inherits."""
     from skillpool.evaluation.process import ServerProcess
 
     old = {k: os.environ.get(k) for k in env}
     try:
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(env)
         return ServerProcess(data, ["--dtype", "auto", "--max-batch-size", "16"]).start()
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply(old)
 
 
 def while_training(url: str, train: bytes, measure: Callable[[], dict[str, float]]) -> dict[str, float]:
