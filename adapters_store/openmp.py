@@ -49,18 +49,23 @@ def compute_threads() -> int:
     return _compute[0]
 
 
-def as_compute_thread() -> None:
+def _set_this_thread(n: int) -> None:
     import torch
 
-    torch.set_num_threads(compute_threads())
+    # torch sets a thread's count up on its first query or parallel work, to the last count set in ANY thread:
+    # done first here, so that a later setting elsewhere (a helper's 1) cannot replace this thread's own
+    torch.get_num_threads()
+    torch.set_num_threads(n)
+
+
+def as_compute_thread() -> None:
+    _set_this_thread(compute_threads())
 
 
 def as_helper_thread() -> None:
     """This thread runs torch on one thread: no OpenMP pool of its own to outlive its work."""
-    import torch
-
     compute_threads()  # kept before this lowers the default of threads that start later
-    torch.set_num_threads(1)
+    _set_this_thread(1)
 
 
 def in_own_thread(fn: Callable[[], T], name: str) -> T:

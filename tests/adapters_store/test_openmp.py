@@ -65,6 +65,34 @@ def test_helpers_run_on_one_thread_and_compute_threads_keep_the_process_count() 
         openmp.set_compute_threads(start)
 
 
+def test_a_compute_thread_keeps_its_count_when_a_helper_starts_before_its_first_torch_work() -> None:
+    """The server's order: the engine's loop starts and waits for a request while the router's workers start; its
+    first parallel work comes after theirs (torch sets a thread's count up lazily, from the last count set in any
+    thread)."""
+    start = torch.get_num_threads()
+    ready, helped = threading.Event(), threading.Event()
+
+    def compute() -> int:
+        openmp.as_compute_thread()
+        ready.set()
+        helped.wait(timeout=10)
+        return torch.get_num_threads()
+
+    def helper() -> None:
+        ready.wait(timeout=10)
+        openmp.as_helper_thread()
+        helped.set()
+
+    try:
+        openmp.set_compute_threads(2)
+        t = threading.Thread(target=helper)
+        t.start()
+        assert in_thread(compute) == 2
+        t.join()
+    finally:
+        openmp.set_compute_threads(start)
+
+
 def test_a_job_in_its_own_thread_returns_its_value_or_raises_its_error() -> None:
     assert openmp.in_own_thread(lambda: threading.current_thread().name, "skillpool-test-job") == "skillpool-test-job"
 
