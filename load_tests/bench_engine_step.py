@@ -95,7 +95,7 @@ def plain_steps(model: Any, cache: Any, batch: int, context: int, steps: int, wa
     return times[warmup:]
 
 
-def filled_cache(model: Any, batch: int, context: int, room: int, static: bool, dtype: Any = None) -> Any:
+def filled_cache(model: Any, batch: int, context: int, room: int, static: bool) -> Any:
     """A cache holding `context` positions of random keys/values per row (decode time does not depend on them)."""
     import torch
     from transformers import DynamicCache, StaticCache
@@ -109,7 +109,7 @@ def filled_cache(model: Any, batch: int, context: int, room: int, static: bool, 
     else:
         cache = DynamicCache()
     for layer in range(cfg.num_hidden_layers):
-        k = torch.randn(shape, dtype=dtype or p.dtype) * 0.5
+        k = torch.randn(shape, dtype=p.dtype) * 0.5
         kw = {"cache_position": torch.arange(context)} if static else {}
         cache.update(k, torch.randn_like(k), layer, kw)
     return cache
@@ -133,12 +133,10 @@ def peft_model(path: Path, dtype: Any, skills: list[tuple[str, Any]], mixes: lis
 
 def measure_dtype(args: Any, dtype: Any, path: Path, skills: list[Any], mixes: list[Any], tmp: Path) -> dict[str, Any]:
     """Every side at one dtype, in interleaved rounds: median step times and the ratios."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     from skillpool.adapters_store.mix import Mix
     from skillpool.server.engines.hf import HFEngine
-    from skillpool.server.engines.kv import FLOAT32_ATTENTION
 
     b, ctx, steps, warm = args.batch, args.context, args.steps, args.warmup
     room = warm + steps + 1
@@ -155,18 +153,11 @@ def measure_dtype(args: Any, dtype: Any, path: Path, skills: list[Any], mixes: l
     prompt = [random.Random(1).randrange(100, 40000) for _ in range(ctx)]
     names = [f"mix{i}" for i in range(b)]
 
-    def plain_run(model: Any, static: bool = False, kv: Any = None, **kw: Any) -> list[float]:
+    def plain_run(model: Any, static: bool = False, **kw: Any) -> list[float]:
         def run() -> list[float]:  # a thread of its own, as the engine's loop is
-            return plain_steps(model, filled_cache(plain, b, ctx, room, static, kv), b, ctx, steps, warm, **kw)
+            return plain_steps(model, filled_cache(plain, b, ctx, room, static), b, ctx, steps, warm, **kw)
 
         return in_own_thread(run, "skillpool-bench-plain")
-
-    def plain_f32_attention() -> list[float]:
-        plain.set_attn_implementation(FLOAT32_ATTENTION)
-        try:
-            return plain_run(plain, kv=torch.float32)
-        finally:
-            plain.set_attn_implementation("sdpa")
 
     sides = {
         # the same prompt in every base row: its prefill is computed once (prefix cache); the mixes' differ
@@ -175,8 +166,6 @@ def measure_dtype(args: Any, dtype: Any, path: Path, skills: list[Any], mixes: l
         "engine k=3 mixes": lambda: side.run(mixes, [[*prompt[:-1], 100 + i] for i in range(b)]),
         "plain + PEFT k=3 mixes": lambda: plain_run(peft, adapter_names=names),
     }
-    if dtype != torch.float32:  # the engine's way on a CPU: KV and attention in float32 (kv.py)
-        sides["plain forward, float32 attention"] = plain_f32_attention
     if args.static:
         sides["plain forward, static cache"] = lambda: plain_run(plain, static=True)
     times: dict[str, list[float]] = {}

@@ -101,7 +101,7 @@ class HFEngine(Prefill, StreamsEvents):
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         self.bank = LoRABank(self.model, torch.float32 if self.device.type == "cpu" else None)
-        self.kv_dtype = kv_dtype(self.model, self.device)
+        self.kv_dtype = kv_dtype(self.model)
         pack_linears(self.model)  # bfloat16 on a CPU: weights in oneDNN's layout once, not on every product
         self.cache_kw = cache_keyword(self.model)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 2048))

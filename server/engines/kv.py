@@ -7,8 +7,8 @@ column in place, where DynamicLayer would concatenate, i.e. copy the whole cache
 step (its cost: docs/serving.md). A leaving row's place goes to the last row and a joining row takes a
 spare row, so the cache is copied whole only when it grows, or when more than ROOM leading columns are
 left unused (trimmed); a copy for a longer joiner leaves ROOM columns on the left for the next one.
-On a CPU a bfloat16 model keeps its KV in float32 and attends in float32 (`FLOAT32_ATTENTION`): torch's CPU
-attention kernel is several times slower in bfloat16 than in float32 for a decode step's single query.
+The KV is kept in the model's dtype: a decode step reads every row's whole KV, and on a CPU that read is
+bound by memory bandwidth, so bfloat16 KV halves it (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -18,35 +18,18 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 # Columns the decode batch holds beyond its longest row, at most (the KV budget counts them): half to grow into
 # before it reallocates, half of room on the left, where a row a little longer than the others joins in place.
 SPARE = 64
 ROOM = SPARE // 2
-FLOAT32_ATTENTION = "skillpool_sdpa_float32"
 
 
-def _float32_sdpa(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kw: Any) -> Any:
-    """transformers' SDPA attention computed in float32 (keys/values already are: the cache keeps them so)."""
-    f = torch.float32
-    out, weights = sdpa_attention_forward(module, query.to(f), key.to(f), value.to(f), *args, **kw)
-    return out.to(query.dtype), weights
-
-
-AttentionInterface.register(FLOAT32_ATTENTION, _float32_sdpa)
-AttentionMaskInterface.register(FLOAT32_ATTENTION, sdpa_mask)
-
-
-def kv_dtype(model: Any, device: torch.device) -> torch.dtype:
-    """The dtype the engine keeps a model's KV in: float32 on a CPU (the model then attends in float32)."""
+def kv_dtype(model: Any) -> torch.dtype:
+    """The dtype the engine keeps a model's KV in: the model's own."""
     dtype: torch.dtype = next(model.parameters()).dtype
-    if device.type == "cpu" and dtype != torch.float32:
-        model.set_attn_implementation(FLOAT32_ATTENTION)
-        return torch.float32
     return dtype
 
 

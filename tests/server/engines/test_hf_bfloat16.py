@@ -1,6 +1,5 @@
-"""The hf engine with a bfloat16 model on a CPU: the weights stay bfloat16, the KV is kept and attended in float32
-(torch's CPU attention is far slower in bfloat16), the Linears multiply by weights packed once for oneDNN, and
-batching, chunked prefill and prefix caching stay exact."""
+"""The hf engine with a bfloat16 model on a CPU: weights and KV stay bfloat16, the Linears multiply by weights packed
+once for oneDNN, and batching, chunked prefill and prefix caching stay exact."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from skillpool.server.engines.hf import HFEngine
-from skillpool.server.engines.kv import FLOAT32_ATTENTION, KVBatch
+from skillpool.server.engines.kv import KVBatch
 from skillpool.server.engines.packed import PackedLinear
 from tests.server.test_engine import MIXES, PROMPTS, make_engine, run, staggered
 
@@ -23,19 +22,18 @@ def bf16(tiny_base) -> Iterator[HFEngine]:  # type: ignore[no-untyped-def]
     eng.close()
 
 
-def test_weights_are_bfloat16_and_the_decode_batch_keeps_float32_kv(bf16: HFEngine) -> None:
+def test_weights_and_the_decode_batchs_kv_are_bfloat16(bf16: HFEngine) -> None:
     assert next(bf16.model.parameters()).dtype == torch.bfloat16
     linears = [m for m in bf16.model.modules() if isinstance(m, torch.nn.Linear)]
     assert all(isinstance(m, PackedLinear) for m in linears) or not torch.backends.mkldnn.is_available()
-    assert bf16.kv_dtype == torch.float32
-    assert bf16.model.config._attn_implementation == FLOAT32_ATTENTION
+    assert bf16.kv_dtype == torch.bfloat16
     seen: list[KVBatch] = []
     bf16.on_step = lambda n: seen.append(bf16._kv) if bf16._kv is not None else None  # type: ignore[func-returns-value]
     try:
         run(bf16, ["Hello there", "x"], max_tokens=4)
     finally:
         bf16.on_step = None
-    assert seen and all(layer.keys.dtype == torch.float32 for layer in seen[-1].cache.layers)  # type: ignore[union-attr]
+    assert seen and all(layer.keys.dtype == torch.bfloat16 for layer in seen[-1].cache.layers)  # type: ignore[union-attr]
 
 
 def test_batched_greedy_equals_one_at_a_time(bf16: HFEngine) -> None:
@@ -58,8 +56,8 @@ def test_chunked_and_prefix_cached_prefills_answer_as_a_whole_one(tiny_base, bf1
 
 
 def test_the_first_token_logits_match_transformers_own_bfloat16_forward(tiny_base, bf16: HFEngine) -> None:  # type: ignore[no-untyped-def]
-    """Attending in float32 computes the model's function: its logits are those of the stock SDPA forward, to
-    bfloat16's precision."""
+    """Packed weights compute the model's function: the logits are those of the stock forward, to bfloat16's
+    precision."""
     ids = bf16.encode_chat([{"role": "user", "content": PROMPTS[1]}])
     ref = AutoModelForCausalLM.from_pretrained(str(tiny_base.path), dtype=torch.bfloat16).eval()
     with torch.inference_mode():
