@@ -22,6 +22,8 @@ from torch import Tensor, nn
 
 from skillpool.adapters_store.dtype import resolve_dtype
 
+from .attention import float32_attention
+
 Encoded = tuple[list[int], list[int]]  # (token ids, labels with -100 on the prompt)
 
 
@@ -277,6 +279,7 @@ class TrainLoop:
         self._recompute: Callable[[bool], None] = _keep  # run's switch while it holds checkpointing
         # auto on a GPU stays float32, as the trainer has always trained there
         self.dtype = resolve_dtype(schedule.dtype, self.device.type, cuda="float32")
+        self._bf16_on_cpu = self.dtype == torch.bfloat16 and self.device.type == "cpu"
         self.meter = ProgressMeter(self.total, on_progress)
         self._task_batches = self._batch_ids()  # kept across `run` calls, so a resumed run takes the next batches
 
@@ -309,7 +312,10 @@ class TrainLoop:
         stop = self.task_total if until is None else min(until, self.task_total)
         self.method.start()
         try:
-            with recomputed(self.method.model, self.recompute_from is not None) as self._recompute:
+            with (
+                recomputed(self.method.model, self.recompute_from is not None) as self._recompute,
+                float32_attention(self.method.model.get_base_model(), self._bf16_on_cpu),  # type: ignore[operator]
+            ):
                 while self.task_steps < stop:
                     self.method.before_task_step(self)
                     ids = next(self._task_batches)
