@@ -3,12 +3,15 @@ SmolLM2, through the openai client over real HTTP: the same greedy answers as on
 mixes, streaming); requests whose heaviest skill is the same land on the replica holding it; a skill registered
 during the run is served by both replicas; a new version swaps a replica's copy on the event, even where it is only
 a mix's secondary skill; a rollback and a retire return after every replica dropped the old version, and a retired
-skill answers 404 on every replica, even to an ingress that still routes to it."""
+skill answers 404 on every replica, even to an ingress that still routes to it; each engine replica's adapter tiers
+are exported under its own id, and every ingress follows the keys file without a signal."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,8 @@ MODELS = {
     "gamma_second": "alpha=0.7,gamma=0.3",
 }
 PROMPT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+KEYS = "ops admin k-admin\ntester chat k-chat\n"  # the keys file the cluster starts with
+ADMIN, USER = {"Authorization": "Bearer k-admin"}, {"Authorization": "Bearer k-chat"}
 
 
 def adapters(smollm: Any) -> dict[str, Any]:
@@ -46,7 +51,7 @@ def adapters(smollm: Any) -> dict[str, Any]:
 def chat(url: str, model: str, stream: bool = False) -> str:
     from openai import OpenAI
 
-    client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    client = OpenAI(base_url=url + "/v1", api_key="k-chat", max_retries=0, timeout=120)
     if stream:
         parts = client.chat.completions.create(model=model, messages=PROMPT, temperature=0, stream=True)  # type: ignore[call-overload]
         return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
@@ -110,6 +115,8 @@ def cluster(
     gcs = ray.get_runtime_context().gcs_address
     args = ["--replicas", "2", "--ingress-replicas", "2", "--threads", "1", "--ray-address", gcs]
     args += ["--redis-url", redis_url, "--default-max-tokens", "8"]
+    (data.parent / "keys").write_text(KEYS)
+    args += ["--api-keys-file", str(data.parent / "keys")]
     srv = ServerProcess(data, args, startup_s=480)
     try:
         with srv:
@@ -151,7 +158,7 @@ def test_a_skill_registered_during_the_run_is_served_by_both_replicas(
     cluster.announce("delta", 1)
 
     def listed_everywhere() -> bool:  # each call reaches one of the two ingress replicas
-        return all("delta" in httpx.get(cluster.srv.url + "/v1/models").text for _ in range(6))
+        return all("delta" in httpx.get(cluster.srv.url + "/v1/models", headers=USER).text for _ in range(6))
 
     until(listed_everywhere, timeout=10)
     assert chat(cluster.srv.url, MODELS["delta_on_alpha"]) == reference["delta_on_alpha"]
@@ -167,7 +174,7 @@ def test_a_new_version_swaps_a_secondary_copy_on_the_event_and_a_rollback_waits_
     cluster.announce("gamma", 2)
     until(lambda: cluster.replicas()[alpha]["versions"].get("gamma") == 2, timeout=10)  # before any request for it
     assert chat(cluster.srv.url, MODELS["gamma_second"]) == reference["gamma_v2_second"]
-    r = httpx.post(cluster.srv.url + "/v1/models/gamma/rollback", json={"version": 1}, timeout=60)
+    r = httpx.post(cluster.srv.url + "/v1/models/gamma/rollback", json={"version": 1}, headers=ADMIN, timeout=60)
     assert r.status_code == 200 and r.json()["version"] == 1, r.text
     assert cluster.replicas()[alpha]["versions"].get("gamma") == 1  # already swapped back when the call returned
     assert chat(cluster.srv.url, MODELS["gamma_second"]) == reference["gamma_second"]
@@ -189,11 +196,16 @@ def test_a_retired_skill_answers_404_on_every_replica_even_from_a_stale_ingress(
         assert rec is not None
         stale.add_skill(name, rec.adapter)
 
-    r = httpx.delete(cluster.srv.url + "/v1/models/delta", timeout=60)
+    r = httpx.delete(cluster.srv.url + "/v1/models/delta", headers=ADMIN, timeout=60)
     assert r.status_code == 200, r.text
     assert all("delta" not in v["versions"] for v in cluster.replicas().values())  # dropped before it returned
     for model in ("delta", MODELS["delta_on_alpha"], MODELS["delta_on_beta"]) * 2:
-        r = httpx.post(cluster.srv.url + "/v1/chat/completions", json={"model": model, "messages": PROMPT}, timeout=60)
+        r = httpx.post(
+            cluster.srv.url + "/v1/chat/completions",
+            json={"model": model, "messages": PROMPT},
+            headers=USER,
+            timeout=60,
+        )
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
 
     async def ask(mix: dict[str, float], i: int) -> Any:
@@ -245,3 +257,52 @@ def test_a_skill_sent_by_value_serves_as_its_stored_copy_does(cluster: Cluster, 
     until(lambda: any(v["versions"].get("alpha@candidate-0") == 0 for v in cluster.replicas().values()), timeout=10)
     engine.remove_skill("alpha@candidate-0")  # returns once every replica dropped it
     assert all("alpha@candidate-0" not in v["versions"] for v in cluster.replicas().values())
+
+
+def test_each_engine_replicas_adapter_tiers_are_exported_under_its_own_id(cluster: Cluster) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def tiers() -> dict[tuple[str, str], float]:
+        text = httpx.get(cluster.srv.url + "/metrics", timeout=30).text
+        return {
+            (s.labels["replica"], s.labels["tier"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "skillpool_adapter_hits_total"
+        }
+
+    replicas = cluster.replicas()
+
+    def exported() -> bool:  # as the hub has them (the ingress reads them at most once a second)
+        got, now = tiers(), cluster.replicas()
+        return all(got.get((r, "gpu")) == now[r]["stats"]["adapter_hits"] for r in now)
+
+    until(exported, timeout=10)
+    got = tiers()
+    for r in replicas:  # both replicas read skills from the store in the tests before
+        assert got[(r, "store")] >= 1, got
+    ingresses = {r for r, _ in got} - set(replicas)
+    assert ingresses and all(got.get((r, "gpu")) is None for r in ingresses)  # an ingress holds no adapters
+
+
+def test_every_ingress_follows_the_keys_file_and_a_sighup_does_not_stop_the_cluster(cluster: Cluster) -> None:
+    keys = cluster.data.parent / "keys"
+    url = cluster.srv.url + "/v1/models"
+    alice = {"Authorization": "Bearer k-alice"}
+
+    def everywhere(status: int, headers: dict[str, str]) -> bool:  # each call reaches one of the ingresses
+        return all(httpx.get(url, headers=headers, timeout=30).status_code == status for _ in range(6))
+
+    assert everywhere(200, USER) and everywhere(401, alice)
+    try:
+        keys.write_text("ops admin k-admin\nalice chat k-alice\n")  # tester's key withdrawn, alice's added
+        until(lambda: everywhere(401, USER), timeout=10)
+        assert everywhere(200, alice)
+        assert cluster.srv.proc is not None
+        os.kill(cluster.srv.proc.pid, signal.SIGHUP)
+        until(lambda: "re-read the keys file" in cluster.srv.log_tail(), timeout=10)
+        assert cluster.srv.proc.poll() is None
+    finally:
+        keys.write_text(KEYS)
+    until(lambda: everywhere(200, USER), timeout=10)
+    assert everywhere(401, alice)
