@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .dropout import dropout as lora_dropout
 from .lora import LoRAAdapter, LoRAFactors
 from .mixed_layer import MixedLoRALinear, Plan, install
 
@@ -40,7 +41,7 @@ class WeightedBlocks:
         A, B = torch.cat(self.As), torch.cat(self.Bs, dim=1)
         assert self.weights is not None  # set_weights puts the plan on its layer only with weights
         scale = self.weights[:, self.cols] * self.col_scale  # (batch, Σr)
-        h = F.linear(F.dropout(x, self.dropout, self.layer.training).to(A.dtype), A)
+        h = F.linear(lora_dropout(x, self.dropout, self.layer.training).to(A.dtype), A)
         h = h * (scale[:, None, :] if h.dim() == 3 else scale)
         return F.linear(h, B).to(x.dtype)
 

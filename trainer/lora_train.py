@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from skillpool.adapters_store.dropout import use_fast_dropout
+
 from .config import CHECKPOINTING, TrainConfig
 from .loop import Encoded, Method, Progress, Schedule, TrainLoop
 from .records import Example
@@ -50,7 +52,7 @@ def add_lora(
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    return get_peft_model(
+    peft_model = get_peft_model(
         model,
         LoraConfig(
             r=rank,
@@ -60,6 +62,8 @@ def add_lora(
             task_type="CAUSAL_LM",
         ),
     )
+    use_fast_dropout(peft_model)
+    return peft_model
 
 
 def fit(
