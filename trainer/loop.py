@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from skillpool.adapters_store.dtype import resolve_dtype
 
 from .attention import float32_attention
+from .frozen import frozen_linears_in
 
 Encoded = tuple[list[int], list[int]]  # (token ids, labels with -100 on the prompt)
 
@@ -315,6 +316,7 @@ class TrainLoop:
             with (
                 recomputed(self.method.model, self.recompute_from is not None) as self._recompute,
                 float32_attention(self.method.model.get_base_model(), self._bf16_on_cpu),  # type: ignore[operator]
+                frozen_linears_in(self.method.model.get_base_model(), self.dtype, self.dtype != torch.float32),  # type: ignore[operator]
             ):
                 while self.task_steps < stop:
                     self.method.before_task_step(self)
