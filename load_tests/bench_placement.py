@@ -28,9 +28,9 @@ requests past max_ongoing_requests and its router retries):
   rejected, a few milliseconds later, well inside the 1-2 s matching timeout, which therefore never expires here).
   The replica it lands on loads the key (it joins that replica's id LRU). The replicas' id sets reach the router
   at once (Ray pushes them asynchronously).
-- group: affinity keyed by the heaviest skill's neighbourhood instead of the skill: the --mux-slots most popular
-  skills keep their own key, the others share one key per window of 64 ranks. A model of keying by clusters of
-  related skills (a mix's skills are neighbours); the server keys by the skill.
+- group: affinity keyed by the heaviest skill's neighbourhood instead of the skill, as the server keys with
+  --affinity-group-size: its own grouping (server/cluster/groups.py, --group-size skills a group) of vectors on a
+  smooth curve by rank (`directions`: cosine 0.9 at 10 ranks apart, below 0 at 50), so a mix's skills are near.
 - partition: a bound, not a router: the GPU slots x N most popular skills are packed by popularity onto the
   replicas, the rest go by windows of 64 ranks in turn; a request goes to its heaviest skill's replica unless it
   is full (then the least loaded). It knows the ranks, which no router does.
@@ -44,7 +44,7 @@ busiest_over_mean (the busiest replica's served requests over the mean) and queu
 waited for a slot). The last line printed is one JSON object {"N": {"8": {"random": {...}, ...}, ...}}.
 
     .venv/bin/python -m load_tests.bench_placement [--requests 200000] [--skills 10000] [--replicas 4,8,16]
-        [--seed 0] [--policies random,pow2,affinity,group,partition] [--mux-slots 64]
+        [--seed 0] [--policies random,pow2,affinity,group,partition] [--mux-slots 64] [--group-size 64]
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ HOST_SLOTS = 1024
 MAX_ONGOING = 32
 LOAD = 0.7
 POLICIES = ("random", "pow2", "affinity", "group", "partition")
-WINDOW = 64  # ranks per neighbourhood (group) and per tail block (partition)
+WINDOW = 64  # ranks per tail block (partition)
+GROUP_SIZE = 64  # skills per neighbourhood (group)
 KEYS = ("gpu_hit", "store_fetch_rate", "busiest_over_mean")  # the JSON line's fields
 Results = dict[str, dict[str, dict[str, float]]]  # N -> policy -> figure -> value
 
@@ -80,6 +81,7 @@ class Trace:
     gaps: list[float]
     service: list[float]
     mixes: list[tuple[int, ...]]
+    skills: int  # ranks 0 .. skills - 1
 
 
 def make_trace(requests: int, skills: int, seed: int) -> Trace:
@@ -105,7 +107,27 @@ def make_trace(requests: int, skills: int, seed: int) -> Trace:
         mixes.append((f,) if n == 1 else (f, a) if n == 2 else (f, a, b))
     gaps = rng.exponential(1.0, size=requests).tolist()
     service = rng.exponential(1.0, size=requests).tolist()
-    return Trace(gaps=gaps, service=service, mixes=mixes)
+    return Trace(gaps=gaps, service=service, mixes=mixes, skills=skills)
+
+
+def directions(skills: int, dim: int = 32, seed: int = 0) -> np.ndarray:
+    """Unit vectors on a smooth curve (rank i at angles w_j * i, dim / 2 frequencies): neighbours by rank are near,
+    as skills that the router mixes are near in its embedding space."""
+    rng = np.random.default_rng(seed)
+    freq = 2 * np.pi * (0.2 + 0.8 * rng.random(dim // 2)) / 100
+    angle = np.arange(skills, dtype=np.float64)[:, None] * freq[None, :]
+    return (np.concatenate([np.cos(angle), np.sin(angle)], axis=1) / np.sqrt(dim // 2)).astype(np.float32)
+
+
+def group_keys(skills: int, size: int) -> list[int]:
+    """Each rank's group as the server computes it from `directions`, as a negative id (never a skill's own)."""
+    from skillpool.server.cluster.groups import SkillGroups
+
+    groups, vectors = SkillGroups(size), directions(skills)
+    for rank in range(skills):
+        groups.add(str(rank), vectors[rank : rank + 1])
+    ids: dict[str | None, int] = {}
+    return [-1 - ids.setdefault(groups.key(str(rank)), len(ids)) for rank in range(skills)]
 
 
 @dataclass
@@ -145,10 +167,21 @@ class Result:
 
 
 class Simulation:
-    def __init__(self, trace: Trace, replicas: int, policy: str, seed: int, mux_slots: int = GPU_SLOTS) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        replicas: int,
+        policy: str,
+        seed: int,
+        mux_slots: int = GPU_SLOTS,
+        groups: list[int] | None = None,
+    ) -> None:
+        """`groups`: each rank's group key (group_keys), for the group policy."""
         if policy not in POLICIES:
             raise SystemExit(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
-        self.trace = trace
+        if policy == "group" and groups is None:
+            raise ValueError("the group policy needs each skill's group (group_keys)")
+        self.trace, self.groups = trace, groups
         self.policy = policy
         self.mux_slots = mux_slots
         self.reps = [Replica() for _ in range(replicas)]
@@ -171,8 +204,9 @@ class Simulation:
 
     def key(self, skill: int) -> int:
         """The multiplexed model id of a request whose heaviest skill is `skill`."""
-        if self.policy == "group" and skill >= self.mux_slots:
-            return -1 - skill // WINDOW  # negative: never a skill's own id
+        if self.policy == "group":
+            assert self.groups is not None
+            return self.groups[skill]
         return skill
 
     def open_replicas(self) -> list[int]:
@@ -283,12 +317,24 @@ class Simulation:
         return self.result
 
 
-def simulate(trace: Trace, replicas: int, policy: str, seed: int, mux_slots: int = GPU_SLOTS) -> Result:
-    return Simulation(trace, replicas, policy, seed, mux_slots).run()
+def simulate(
+    trace: Trace, replicas: int, policy: str, seed: int, mux_slots: int = GPU_SLOTS, group_size: int = GROUP_SIZE
+) -> Result:
+    groups = group_keys(trace.skills, group_size) if policy == "group" else None
+    return Simulation(trace, replicas, policy, seed, mux_slots, groups).run()
 
 
-def run_all(trace: Trace, replicas: list[int], policies: list[str], seed: int, mux_slots: int = GPU_SLOTS) -> Results:
-    return {str(n): {p: simulate(trace, n, p, seed, mux_slots).summary() for p in policies} for n in replicas}
+def run_all(
+    trace: Trace,
+    replicas: list[int],
+    policies: list[str],
+    seed: int,
+    mux_slots: int = GPU_SLOTS,
+    group_size: int = GROUP_SIZE,
+) -> Results:
+    return {
+        str(n): {p: simulate(trace, n, p, seed, mux_slots, group_size).summary() for p in policies} for n in replicas
+    }
 
 
 def table(n: str, rows: dict[str, dict[str, float]]) -> str:
@@ -327,18 +373,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, of " + ", ".join(POLICIES))
     ap.add_argument("--mux-slots", type=int, default=GPU_SLOTS, help="affinity: model ids a replica holds (its LRU)")
+    ap.add_argument("--group-size", type=int, default=GROUP_SIZE, help="group: skills per neighbourhood")
     args = ap.parse_args(argv)
     replicas = [int(x) for x in args.replicas.split(",") if x]
     policies = [p for p in args.policies.split(",") if p]
-    if not replicas or min(replicas) < 1 or args.mux_slots < 1 or args.requests < 1:
-        raise SystemExit("--replicas, --mux-slots and --requests take positive counts")
+    if not replicas or min(replicas) < 1 or min(args.mux_slots, args.requests, args.group_size) < 1:
+        raise SystemExit("--replicas, --mux-slots, --group-size and --requests take positive counts")
     t0 = time.perf_counter()
     trace = make_trace(args.requests, args.skills, args.seed)
-    results = run_all(trace, replicas, policies, args.seed, args.mux_slots)
+    results = run_all(trace, replicas, policies, args.seed, args.mux_slots, args.group_size)
     print(
         f"{args.requests} requests, {args.skills} skills, Zipf s={ZIPF_S}, seed {args.seed}; per replica "
         f"{GPU_SLOTS} GPU / {HOST_SLOTS} host slots, max_ongoing_requests {MAX_ONGOING}, load {LOAD:.0%}; "
-        f"affinity's model-id LRU {args.mux_slots}"
+        f"affinity's model-id LRU {args.mux_slots}; groups of {args.group_size}"
     )
     for n, rows in results.items():
         print()

@@ -4,21 +4,25 @@ two adapter tiers (load_tests/tiered_engine.py), driven by the RemoteEngine an i
 
 The trace is bench_placement's generator (fixed seed), smaller: --requests requests over --skills skills, mixes of
 1-3 skills whose first is the heaviest (weights 1; 0.6/0.4; 0.5/0.3/0.2); a request's output tokens are its service
-time x --mean-tokens. Skills are real store versions (tiny adapters): a store fetch reads the files.
+time x --mean-tokens. Skills are real store versions (tiny adapters): a store fetch reads the files. Each has
+router centroid keys on a smooth curve by rank (cosine 0.9 at 10 ranks apart, 0.5 at 25, below 0 at 50), so the
+trace's mixes join skills that are near in that space, as the router's mixes do.
 
 Runs, each on freshly started replicas:
 1. affinity: --replicas replicas, requests keyed by the mix's heaviest skill (`name#vN`, Ray Serve's multiplexing),
    open loop at bench_placement's 70% of capacity (replicas x max_ongoing_requests / mean service time);
 2. unkeyed: the same, no key (Ray's power-of-two router): the control;
-3. throughput: closed loop at full concurrency (replicas x max_ongoing_requests clients, --throughput-requests
+3. group: as 1, keyed by the heaviest skill's neighbourhood of --group-size skills (`--affinity-group-size`);
+4. throughput: closed loop at full concurrency (replicas x max_ongoing_requests clients, --throughput-requests
    per replica), 1 replica then --replicas: output tokens/s;
-4. kill: the affinity run again; one engine replica is killed (ray.kill) at --kill-at of the trace; reported: the
+5. kill: the affinity run again; one engine replica is killed (ray.kill) at --kill-at of the trace; reported: the
    requests that failed (and how many of them started after the kill), and the seconds until the hit ratio of
    requests' heaviest skills (5 s windows) is back to 90% of its value in the 20 s before the kill.
 Adapter loads (GPU-tier misses) are compared with bench_placement's simulation of the same trace, replicas and
 tiers. The last line printed is one JSON object.
 
     .venv/bin/python -m load_tests.bench_ray_placement [--requests 2000] [--skills 300] [--replicas 4]
+        [--group-size 16] [--runs affinity,unkeyed,group,throughput,kill]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 from load_tests import bench_placement as bp
 
 WEIGHTS = {1: (1.0,), 2: (0.6, 0.4), 3: (0.5, 0.3, 0.2)}
+RUNS = ("affinity", "unkeyed", "group", "throughput", "kill")
 
 
 @dataclass
@@ -48,20 +53,23 @@ class Outcome:
 
 
 def write_skills(data_dir: Path, n: int) -> None:
-    """n tiny one-block adapters as store versions skill-0000... (what a store fetch reads)."""
+    """n tiny one-block adapters as store versions skill-0000... (what a store fetch reads), with router centroid
+    keys by rank (bench_placement.directions)."""
     import torch
 
     from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
     from skillpool.adapters_store.store import SkillDraft, SkillStore
+    from skillpool.router.types import CENTROID
 
     store, module = SkillStore(data_dir), "model.layers.0.self_attn.q_proj"
+    directions = torch.from_numpy(bp.directions(n))
     for i in range(n):
         adapter = LoRAAdapter({module: LoRAFactors(torch.randn(2, 64) * 0.02, torch.randn(64, 2) * 0.02, 1.0)})
 
         def write(folder: Path, a: LoRAAdapter = adapter) -> None:
             save_peft_adapter(a, folder, "tiny", 2.0, ["q_proj"])
 
-        store.write(SkillDraft(f"skill-{i:04d}", write, {"keys": torch.zeros(1)}, {}, [], []))
+        store.write(SkillDraft(f"skill-{i:04d}", write, {CENTROID: directions[i : i + 1].clone()}, {}, [], []))
 
 
 def requests(trace: bp.Trace, mean_tokens: int) -> list[tuple[dict[str, float], int]]:
@@ -77,7 +85,9 @@ def requests(trace: bp.Trace, mean_tokens: int) -> list[tuple[dict[str, float], 
 class Deployment:
     """The engine deployment on fresh replicas and the RemoteEngine that drives it."""
 
-    def __init__(self, args: argparse.Namespace, data_dir: Path, replicas: int, keyed: bool) -> None:
+    def __init__(
+        self, args: argparse.Namespace, data_dir: Path, replicas: int, keyed: bool, group_size: int = 1
+    ) -> None:
         from load_tests.tiered_engine import make_tiered
         from skillpool.adapters_store.store import SkillStore
         from skillpool.server.cluster.deployments import ClusterSpec
@@ -98,7 +108,7 @@ class Deployment:
         )  # the stand-in engine only sleeps: it books no CPU
         handle = deploy(self.spec, ingress=False)
         self.hub = hub_handle(self.spec.hub_name)
-        self.engine = RemoteEngine(handle, args.tokenizer, self.hub, keyed=keyed)
+        self.engine = RemoteEngine(handle, args.tokenizer, self.hub, keyed=keyed, group_size=group_size)
         self.engine.start_blocking()
         for rec in SkillStore(data_dir).list_latest():
             self.engine.add_skill(rec.name, rec.adapter)
@@ -205,15 +215,62 @@ def recovery(outcomes: list[Outcome], kill_t: float, window: float = 5.0) -> dic
     return {"steady_key_gpu_hit": round(steady, 4), "recovery_s": math.inf}
 
 
-def simulated_loads(trace: bp.Trace, args: argparse.Namespace) -> dict[str, float]:
-    """bench_placement's simulation of the same trace, replicas and tiers (affinity)."""
+def simulated(trace: bp.Trace, args: argparse.Namespace, policy: str) -> dict[str, float]:
+    """bench_placement's simulation of the same trace, replicas and tiers."""
     saved = (bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING)
     bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING = args.gpu_slots, args.host_slots, args.max_ongoing
     try:
-        res = bp.simulate(trace, args.replicas, "affinity", args.seed, mux_slots=args.mux_slots)
+        res = bp.simulate(trace, args.replicas, policy, args.seed, args.mux_slots, args.group_size)
     finally:
         bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING = saved
     return {"loads": res.lookups - res.gpu_hits, "store_fetches": res.fetches}
+
+
+def report(
+    runs: dict[str, dict[str, float]],
+    tput: dict[str, float],
+    outcomes: list[Outcome],
+    killed: dict[str, Any],
+    sim: dict[str, dict[str, float]],
+    replicas: int,
+) -> tuple[dict[str, Any], list[tuple[str, bool]]]:
+    """The JSON result and the targets' checks, of the runs that were made."""
+    result: dict[str, Any] = {}
+    checks: list[tuple[str, bool]] = []
+    aff, ctl, grp = runs.get("affinity"), runs.get("unkeyed"), runs.get("group")
+    result["loads"] = {}
+    for name, run in (("affinity", aff), ("group", grp)):
+        if run is not None:
+            over_sim = round(run["loads"] / max(1, sim[name]["loads"]), 3)
+            result["loads"] |= {name: run["loads"], f"{name}_simulated": sim[name]["loads"], f"{name}_over_simulation": over_sim}  # fmt: skip
+            checks.append((f"{name}: loads within 10% of the simulation", abs(over_sim - 1) <= 0.1))
+    if ctl is not None:
+        result["store_fetches"] = {"unkeyed": ctl["store_fetches"]}
+        for name, run in (("affinity", aff), ("group", grp)):
+            if run is not None:
+                ratio = round(run["store_fetches"] / max(1, ctl["store_fetches"]), 3)
+                result["store_fetches"] |= {name: run["store_fetches"], f"{name}_over_unkeyed": ratio}
+                result["store_fetches"][f"{name}_simulated"] = sim[name]["store_fetches"]
+                checks.append((f"{name}: store fetches <= 0.5x unkeyed", ratio <= 0.5))
+    result["key_gpu_hit"] = {name: run["key_gpu_hit"] for name, run in runs.items()}
+    result["gpu_hit"] = {name: run["gpu_hit"] for name, run in runs.items()}
+    result["5xx"] = {name: run["failed"] for name, run in runs.items()}
+    checks.append(("no 5xx", not any(result["5xx"].values())))
+    if tput:
+        result["tokens_per_s"] = {**tput, "ratio": round(tput[str(replicas)] / tput["1"], 2)}
+        checks.append((f"tokens/s {replicas} replicas >= {0.8 * replicas:.1f}x one", result["tokens_per_s"]["ratio"] >= 0.8 * replicas))  # fmt: skip
+    if killed:
+        failed = [o for o in outcomes if not o.ok]
+        kill = {
+            "failed": len(failed),
+            "failed_started_after_kill": sum(o.start > killed["t"] for o in failed),
+            "running_on_killed_at_last_report": killed["running_at_last_report"],
+            **recovery(outcomes, killed["t"]),
+        }
+        result["kill"] = kill
+        checks.append(("after the kill only in-flight requests failed", kill["failed_started_after_kill"] == 0))
+        checks.append(("hit ratio back to 90% within 30 s", kill["recovery_s"] <= 30))
+    return result, checks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,13 +286,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--throughput-requests", type=int, default=100, help="per replica, in the closed-loop runs")
     ap.add_argument("--mux-slots", type=int, default=None, help="multiplexed keys a replica holds (default: GPU slots)")
     ap.add_argument("--kill-at", type=float, default=0.4, help="kill a replica at this share of the kill run's trace")
+    ap.add_argument("--group-size", type=int, default=16, help="skills per neighbourhood in the group run")
+    ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated, of " + ", ".join(RUNS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-cpus", type=int, default=2, help="the local Ray's CPUs")
     ap.add_argument("--verbose", action="store_true", help="show the replicas' logs")
     args = ap.parse_args(argv)
     args.mux_slots = args.mux_slots or args.gpu_slots
-    if min(args.requests, args.skills - bp.NEIGHBOURS, args.replicas, args.gpu_slots, args.max_ongoing) < 1:
-        raise SystemExit("--requests, --replicas, --gpu-slots and --max-ongoing take positive counts; --skills > 50")
+    need = (
+        args.requests,
+        args.skills - bp.NEIGHBOURS,
+        args.replicas,
+        args.gpu_slots,
+        args.max_ongoing,
+        args.group_size,
+    )
+    if min(need) < 1:
+        raise SystemExit(
+            "--requests, --replicas, --gpu-slots, --max-ongoing and --group-size take positive counts; --skills > 50"
+        )
+    chosen = [r for r in args.runs.split(",") if r]
+    if not chosen or set(chosen) - set(RUNS):
+        raise SystemExit(f"--runs: choose from {', '.join(RUNS)}")
     import os
 
     from skillpool.server.cluster.deployments import REPLICA_ENV
@@ -256,66 +328,39 @@ def main(argv: list[str] | None = None) -> int:
         write_skills(data, args.skills)
         ray.init(num_cpus=args.num_cpus, include_dashboard=False, namespace="skillpool", log_to_driver=args.verbose)
         runs: dict[str, Any] = {}
+        tput: dict[str, float] = {}
+        outcomes: list[Outcome] = []
+        killed: dict[str, Any] = {}
         try:
-            for name, keyed in (("affinity", True), ("unkeyed", False)):
-                dep = Deployment(args, data, args.replicas, keyed)
-                outcomes, _ = asyncio.run(open_loop(dep, reqs, trace.gaps, rate))
-                runs[name] = tally(outcomes)
+            for name, keyed, size in (("affinity", True, 1), ("unkeyed", False, 1), ("group", True, args.group_size)):
+                if name not in chosen:
+                    continue
+                dep = Deployment(args, data, args.replicas, keyed, size)
+                got, _ = asyncio.run(open_loop(dep, reqs, trace.gaps, rate))
+                runs[name] = tally(got)
                 dep.close()
                 print(f"{name}: {runs[name]}", flush=True)
-            tput = {}
-            for n in (1, args.replicas):
+            for n in (1, args.replicas) if "throughput" in chosen else ():
                 dep = Deployment(args, data, n, True)
                 tput[str(n)] = round(
                     asyncio.run(closed_loop(dep, reqs[: n * args.throughput_requests], n * args.max_ongoing)), 1
                 )
                 dep.close()
                 print(f"tokens/s with {n} replica(s): {tput[str(n)]}", flush=True)
-            dep = Deployment(args, data, args.replicas, True)
-            kill_t = args.kill_at * sum(trace.gaps) / rate
-            outcomes, killed = asyncio.run(open_loop(dep, reqs, trace.gaps, rate, kill_at=kill_t))
-            dep.close()
+            if "kill" in chosen:
+                dep = Deployment(args, data, args.replicas, True)
+                kill_t = args.kill_at * sum(trace.gaps) / rate
+                outcomes, killed = asyncio.run(open_loop(dep, reqs, trace.gaps, rate, kill_at=kill_t))
+                dep.close()
         finally:
             from ray import serve
 
             serve.shutdown()
             ray.shutdown()
-    failed = [o for o in outcomes if not o.ok]
-    kill = {
-        "failed": len(failed),
-        "failed_started_after_kill": sum(o.start > killed["t"] for o in failed),
-        "running_on_killed_at_last_report": killed["running_at_last_report"],
-        **recovery(outcomes, killed["t"]),
-    }
-    sim = simulated_loads(trace, args)
-    aff, ctl = runs["affinity"], runs["unkeyed"]
-    result = {
-        "loads": {
-            "affinity": aff["loads"],
-            "unkeyed": ctl["loads"],
-            "simulation": sim["loads"],
-            "affinity_over_simulation": round(aff["loads"] / max(1, sim["loads"]), 3),
-        },  # fmt: skip
-        "store_fetches": {
-            "affinity": aff["store_fetches"],
-            "unkeyed": ctl["store_fetches"],
-            "affinity_over_unkeyed": round(aff["store_fetches"] / max(1, ctl["store_fetches"]), 3),
-        },  # fmt: skip
-        "key_gpu_hit": {"affinity": aff["key_gpu_hit"], "unkeyed": ctl["key_gpu_hit"]},
-        "tokens_per_s": {**tput, "ratio": round(tput[str(args.replicas)] / tput["1"], 2)},
-        "5xx": {"affinity": aff["failed"], "unkeyed": ctl["failed"]},
-        "kill": kill,
-    }
     print(f"\n{args.requests} requests, {args.skills} skills, {args.replicas} replicas, {rate:.1f} req/s offered; "
           f"{time.perf_counter() - t_start:.0f} s")  # fmt: skip
-    checks = [
-        ("loads within 10% of the simulation", abs(result["loads"]["affinity_over_simulation"] - 1) <= 0.1),
-        ("store fetches <= 0.5x unkeyed", result["store_fetches"]["affinity_over_unkeyed"] <= 0.5),
-        (f"tokens/s {args.replicas} replicas >= {0.8 * args.replicas:.1f}x one", result["tokens_per_s"]["ratio"] >= 0.8 * args.replicas),
-        ("no 5xx", aff["failed"] == ctl["failed"] == 0),
-        ("after the kill only in-flight requests failed", kill["failed_started_after_kill"] == 0),
-        ("hit ratio back to 90% within 30 s", kill["recovery_s"] <= 30),
-    ]  # fmt: skip
+    sim: dict[str, dict[str, float]] = {n: simulated(trace, args, n) for n in ("affinity", "group") if n in runs}
+    result, checks = report(runs, tput, outcomes, killed, sim, args.replicas)
     for text, ok in checks:
         print(f"{'holds' if ok else 'MISSES'}: {text}")
     print(json.dumps(result))

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         keys = KeyRing.from_config(cfg)  # before the model loads: a bad keys file stops the start at once
     except KeyFileError as e:
         raise SystemExit(f"skillpool serve: {e}") from None
-    if cfg.replicas is not None or cfg.ingress_replicas != 1 or cfg.ray_address or cfg.replica_gpus:
+    cluster_flags = (cfg.ingress_replicas != 1, cfg.ray_address, cfg.replica_gpus, cfg.affinity_group_size != 1)
+    if cfg.replicas is not None or any(cluster_flags):
         from .cluster.launch import serve_cluster  # imports Ray only after checking that it is installed
 
         return serve_cluster(cfg, args.threads, args.log_level)

@@ -236,6 +236,12 @@ class ServerConfig:
     ray_address: str | None = option(
         None, "with --replicas: the Ray cluster to join, HOST:PORT or ray://HOST:10001 (default: start a local one)"
     )
+    affinity_group_size: int = option(
+        1,
+        "with --replicas: key requests by neighbourhoods of about this many related skills (nearest in the router's "
+        "embedding space) instead of by the skill; for pools far larger than the replicas hold (docs/scale-out.md)",
+        parse=positive_int,
+    )
     replica_gpus: float | None = option(
         None, "with --replicas on CUDA: GPUs per engine replica (default 1; 0.25 puts four on one GPU)", parse=gpu_share
     )

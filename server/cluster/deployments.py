@@ -164,7 +164,9 @@ class IngressDeployment:
         if not _gpu_here():  # Ray books it no GPU (the replicas hold them): MiniLM and a trainer run on the CPU
             cfg = replace(cfg, device="cpu")
         base = resolve_base_model(cfg.model)
-        remote = RemoteEngine(engine, base.path, hub_handle(spec.hub_name), keyed=spec.keyed)
+        remote = RemoteEngine(
+            engine, base.path, hub_handle(spec.hub_name), keyed=spec.keyed, group_size=spec.cfg.affinity_group_size
+        )
         await remote.start()
         self.components = await asyncio.to_thread(build_components, cfg, base, remote)
         keys = KeyRing.from_config(cfg)

@@ -31,7 +31,8 @@ def check_flags(cfg: ServerConfig) -> None:
     """The cluster flags' combinations; SystemExit naming the flag."""
     if cfg.replicas is None:
         given = [f for f, on in (("--ingress-replicas", cfg.ingress_replicas != 1), ("--ray-address", cfg.ray_address),
-                                 ("--replica-gpus", cfg.replica_gpus)) if on]  # fmt: skip
+                                 ("--replica-gpus", cfg.replica_gpus),
+                                 ("--affinity-group-size", cfg.affinity_group_size != 1)) if on]  # fmt: skip
         raise SystemExit(f"skillpool serve: {', '.join(given)} only apply with --replicas N")
     if cfg.ingress_replicas > 1 and not cfg.redis_url:
         raise SystemExit(

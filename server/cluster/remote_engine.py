@@ -3,8 +3,9 @@
 The app, the routing stage and the skill pool talk to this as to any engine (server/engines/protocol.py), so the
 serving code does not fork. What differs:
 - `generate` sends the request to the engine deployment with Ray Serve's `multiplexed_model_id` set to the mix's
-  heaviest skill and its version (`name#vN`), so it lands on the replica that already holds that skill (base
-  requests are unkeyed: any replica), and streams the replica's events back across the process boundary;
+  heaviest skill and its version (`name#vN`), or with `group_size` above 1 to that skill's neighbourhood
+  (groups.py), so it lands on the replica that already holds that skill (base requests are unkeyed: any replica),
+  and streams the replica's events back across the process boundary;
 - `add_skill` sends no weights: a skill from the store travels as (name, version) and each replica reads it from
   the store itself; a skill that is not in the store yet (a candidate the quality gate judges) is sent by value,
   once, through Ray's object store;
@@ -27,6 +28,7 @@ from skillpool.adapters_store.store import SkillRecord
 
 from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, RequestTooLarge
 from ..engines.protocol import AdapterLoader
+from .groups import SkillGroups
 from .hub import STALE_S
 from .replica import Refusal, WireRequest
 
@@ -37,24 +39,36 @@ VIEW_S = 1.0  # how long the replicas' stats (from the hub) are reused before th
 _ids = itertools.count()
 
 
-def routing_key(mix: Mix, versions: dict[str, int]) -> str | None:
-    """The multiplexed model id of a mix: its heaviest skill and that skill's version (None for the base model)."""
+def routing_key(mix: Mix, versions: dict[str, int], groups: SkillGroups | None = None) -> str | None:
+    """The multiplexed model id of a mix: its heaviest skill and that skill's version, or that skill's group
+    where `groups` places it (None for the base model)."""
     top = mix.top
     if top is None:
         return None
     version = versions.get(top)
-    return f"{top}#v{version}" if version is not None else f"{top}#inline"
+    if version is None:
+        return f"{top}#inline"
+    group = groups.key(top) if groups is not None else None
+    return group or f"{top}#v{version}"
 
 
 class RemoteEngine:
     def __init__(
-        self, handle: Any, model_path: Path | str, hub: Any, keyed: bool = True, barrier_s: float = BARRIER_S
+        self,
+        handle: Any,
+        model_path: Path | str,
+        hub: Any,
+        keyed: bool = True,
+        barrier_s: float = BARRIER_S,
+        group_size: int = 1,
     ) -> None:
         """`handle`: the engine deployment's; `hub`: the hub actor; `keyed`: False sends every request unkeyed
-        (the control the benchmarks compare affinity with)."""
+        (the control the benchmarks compare affinity with); `group_size` above 1: keys by neighbourhoods of about
+        that many related skills (groups.py)."""
         from transformers import AutoTokenizer
 
         self.handle, self.hub, self.keyed, self.barrier_s = handle, hub, keyed, barrier_s
+        self.groups = SkillGroups(group_size) if group_size > 1 else None
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         self.name, self.max_context = "remote", 0
         self._versions: dict[str, int] = {}  # store skills: name -> the version routed to
@@ -94,7 +108,7 @@ class RemoteEngine:
                     inline[name] = self._refs[name]
                 else:
                     return None, name
-        return WireRequest(request, versions, inline), routing_key(request.mix, versions)
+        return WireRequest(request, versions, inline), routing_key(request.mix, versions, self.groups)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineEvent]:
         wire, key = await asyncio.to_thread(self._wire, request)
@@ -162,6 +176,8 @@ class RemoteEngine:
             old = self._versions.get(name)
             self._versions[name] = rec.version
             self._inline.pop(name, None)
+        if self.groups is not None:
+            self.groups.add_record(rec)
         if old is None or old == rec.version:  # a replica may still hold an older version: it swaps, no wait
             self.hub.command.remote("add", name, rec.version)
             return
@@ -174,6 +190,8 @@ class RemoteEngine:
             self._versions.pop(name, None)
             self._inline.pop(name, None)
             self._refs.pop(name, None)
+        if self.groups is not None:
+            self.groups.remove(name)
         seq = self._call("command", "remove", name)
         if seq is not None:
             self._barrier(seq, name)

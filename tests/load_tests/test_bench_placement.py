@@ -59,10 +59,15 @@ def test_affinity_keeps_more_in_the_gpu_tier_than_random(trace: bp.Trace) -> Non
         assert aff["key_gpu_hit"] > rnd["key_gpu_hit"]
 
 
-def test_group_keys_share_a_key_per_window_and_partition_keeps_a_skill_home(trace: bp.Trace) -> None:
-    group = bp.Simulation(trace, 4, "group", seed=3, mux_slots=8)
-    assert group.key(3) == 3 and group.key(8) == group.key(bp.WINDOW - 1) != group.key(bp.WINDOW)
-    assert group.key(bp.WINDOW) < 0  # a window's key is no skill's id
+def test_group_keys_are_the_servers_groups_and_partition_keeps_a_skill_home(trace: bp.Trace) -> None:
+    keys = bp.group_keys(SKILLS, 16)
+    group = bp.Simulation(trace, 4, "group", seed=3, groups=keys)
+    assert [group.key(s) for s in range(SKILLS)] == keys and max(keys) < 0  # a group's key is no skill's id
+    assert len(set(keys)) == -(-SKILLS // 16)  # one group per 16 skills
+    same = sum(keys[s] == keys[s + 1] for s in range(SKILLS - 1)) / (SKILLS - 1)
+    assert same > 0.7  # neighbours by rank mostly share a group
+    with pytest.raises(ValueError, match="group_keys"):
+        bp.Simulation(trace, 4, "group", seed=3)
     res = bp.simulate(trace, 4, "partition", seed=3)
     top = [res.assigned[i] for i, m in enumerate(trace.mixes) if m[0] == 0]
     # rank 0 has a home replica, left only when that replica is full

@@ -65,6 +65,8 @@ def test_cluster_flags_need_replicas_and_several_ingresses_need_redis(tmp_path: 
     cfg = ServerConfig(data_dir=tmp_path)
     with pytest.raises(SystemExit, match="--ray-address only apply with --replicas"):
         launch.check_flags(replace(cfg, ray_address="10.0.0.5:6379"))
+    with pytest.raises(SystemExit, match="--affinity-group-size only apply with --replicas"):
+        launch.check_flags(replace(cfg, affinity_group_size=64))
     with pytest.raises(SystemExit, match="--ingress-replicas above 1 needs --redis-url"):
         launch.check_flags(replace(cfg, replicas=2, ingress_replicas=2))
     launch.check_flags(replace(cfg, replicas=2, ingress_replicas=2, redis_url="redis://127.0.0.1:6379/0"))
