@@ -33,6 +33,8 @@ def test_the_kuberay_manifests_flags_make_a_spec() -> None:
 def test_flags_without_replicas_are_not_an_application() -> None:
     with pytest.raises(SystemExit, match="--replicas"):
         parse_flags("--engine hf")
+    spec, _ = parse_flags("--replicas 2 --affinity-group-size 16")
+    assert spec.cfg.affinity_group_size == 16  # what the ingress replicas key by
 
 
 def test_replica_resources_keys_and_environment(tmp_path: Path) -> None:

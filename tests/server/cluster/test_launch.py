@@ -83,6 +83,9 @@ def test_the_cluster_flags_parse_and_check_their_values() -> None:
     )
     assert (cfg.replicas, cfg.ingress_replicas, cfg.replica_gpus) == (4, 2, 0.25)
     assert ServerConfig.from_cli_args(p.parse_args([])).replicas is None  # the default: one process, as before
-    for bad in (["--replicas", "0"], ["--replica-gpus", "1.5"], ["--replica-gpus", "nan"], ["--replica-gpus", "0"]):
+    assert ServerConfig.from_cli_args(p.parse_args([])).affinity_group_size == 1  # keys by skill, as before
+    assert ServerConfig.from_cli_args(p.parse_args(["--affinity-group-size", "32"])).affinity_group_size == 32
+    for bad in (["--replicas", "0"], ["--replica-gpus", "1.5"], ["--replica-gpus", "nan"], ["--replica-gpus", "0"],
+                ["--affinity-group-size", "0"], ["--affinity-group-size", "-3"]):  # fmt: skip
         with pytest.raises(SystemExit):
             p.parse_args(bad)
