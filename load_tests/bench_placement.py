@@ -56,6 +56,7 @@ import random
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 
@@ -119,7 +120,8 @@ def directions(skills: int, dim: int = 32, seed: int = 0) -> np.ndarray:
     return (np.concatenate([np.cos(angle), np.sin(angle)], axis=1) / np.sqrt(dim // 2)).astype(np.float32)
 
 
-def group_keys(skills: int, size: int) -> list[int]:
+@cache  # one grouping per pool, shared by every replica count and policy run
+def group_keys(skills: int, size: int) -> tuple[int, ...]:
     """Each rank's group as the server computes it from `directions`, as a negative id (never a skill's own)."""
     from skillpool.server.cluster.groups import SkillGroups
 
@@ -127,7 +129,7 @@ def group_keys(skills: int, size: int) -> list[int]:
     for rank in range(skills):
         groups.add(str(rank), vectors[rank : rank + 1])
     ids: dict[str | None, int] = {}
-    return [-1 - ids.setdefault(groups.key(str(rank)), len(ids)) for rank in range(skills)]
+    return tuple(-1 - ids.setdefault(groups.key(str(rank)), len(ids)) for rank in range(skills))
 
 
 @dataclass
@@ -174,7 +176,7 @@ class Simulation:
         policy: str,
         seed: int,
         mux_slots: int = GPU_SLOTS,
-        groups: list[int] | None = None,
+        groups: tuple[int, ...] | None = None,
     ) -> None:
         """`groups`: each rank's group key (group_keys), for the group policy."""
         if policy not in POLICIES:

@@ -90,19 +90,21 @@ class SkillGroups:
     def key(self, name: str) -> str | None:
         """`group:<leader>` for a placed skill, None for one without a vector."""
         with self._lock:
-            if self._keys is None:
-                self._keys = self._assign()
-            return self._keys.get(name)
+            return self._current().get(name)
 
     def groups(self) -> dict[str, list[str]]:
         """Each leader's members, sorted (for docs and tests)."""
         with self._lock:
-            if self._keys is None:
-                self._keys = self._assign()
             out: dict[str, list[str]] = {}
-            for name, key in sorted(self._keys.items()):
+            for name, key in sorted(self._current().items()):
                 out.setdefault(key[len(PREFIX) :], []).append(name)
             return out
+
+    def _current(self) -> dict[str, str]:
+        """Every placed skill's key, recomputed after a change (the caller holds the lock)."""
+        if self._keys is None:
+            self._keys = self._assign()
+        return self._keys
 
     def _assign(self) -> dict[str, str]:
         if not self._vectors:
