@@ -30,7 +30,8 @@ requests past max_ongoing_requests and its router retries):
   at once (Ray pushes them asynchronously).
 - group: affinity keyed by the heaviest skill's neighbourhood instead of the skill, as the server keys with
   --affinity-group-size: its own grouping (server/cluster/groups.py, --group-size skills a group) of vectors on a
-  smooth curve by rank (`directions`: cosine 0.9 at 10 ranks apart, below 0 at 50), so a mix's skills are near.
+  smooth curve by rank (load_tests/skill_vectors.py: cosine 0.9 at 10 ranks apart, below 0 at 50), so a mix's
+  skills are near.
 - partition: a bound, not a router: the GPU slots x N most popular skills are packed by popularity onto the
   replicas, the rest go by windows of 64 ranks in turn; a request goes to its heaviest skill's replica unless it
   is full (then the least loaded). It knows the ranks, which no router does.
@@ -56,9 +57,10 @@ import random
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from functools import cache
 
 import numpy as np
+
+from load_tests.skill_vectors import group_keys
 
 ZIPF_S = 1.1
 MIX_SIZES = (1, 2, 3)
@@ -109,27 +111,6 @@ def make_trace(requests: int, skills: int, seed: int) -> Trace:
     gaps = rng.exponential(1.0, size=requests).tolist()
     service = rng.exponential(1.0, size=requests).tolist()
     return Trace(gaps=gaps, service=service, mixes=mixes, skills=skills)
-
-
-def directions(skills: int, dim: int = 32, seed: int = 0) -> np.ndarray:
-    """Unit vectors on a smooth curve (rank i at angles w_j * i, dim / 2 frequencies): neighbours by rank are near,
-    as skills that the router mixes are near in its embedding space."""
-    rng = np.random.default_rng(seed)
-    freq = 2 * np.pi * (0.2 + 0.8 * rng.random(dim // 2)) / 100
-    angle = np.arange(skills, dtype=np.float64)[:, None] * freq[None, :]
-    return (np.concatenate([np.cos(angle), np.sin(angle)], axis=1) / np.sqrt(dim // 2)).astype(np.float32)
-
-
-@cache  # one grouping per pool, shared by every replica count and policy run
-def group_keys(skills: int, size: int) -> tuple[int, ...]:
-    """Each rank's group as the server computes it from `directions`, as a negative id (never a skill's own)."""
-    from skillpool.server.cluster.groups import SkillGroups
-
-    groups, vectors = SkillGroups(size), directions(skills)
-    for rank in range(skills):
-        groups.add(str(rank), vectors[rank : rank + 1])
-    ids: dict[str | None, int] = {}
-    return tuple(-1 - ids.setdefault(groups.key(str(rank)), len(ids)) for rank in range(skills))
 
 
 @dataclass

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from load_tests import bench_placement as bp
+from load_tests import skill_vectors
 
 WEIGHTS = {1: (1.0,), 2: (0.6, 0.4), 3: (0.5, 0.3, 0.2)}
 RUNS = ("affinity", "unkeyed", "group", "throughput", "kill")
@@ -54,7 +55,7 @@ class Outcome:
 
 def write_skills(data_dir: Path, n: int) -> None:
     """n tiny one-block adapters as store versions skill-0000... (what a store fetch reads), with router centroid
-    keys by rank (bench_placement.directions)."""
+    keys by rank (skill_vectors.directions)."""
     import torch
 
     from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
@@ -62,7 +63,7 @@ def write_skills(data_dir: Path, n: int) -> None:
     from skillpool.router.types import CENTROID
 
     store, module = SkillStore(data_dir), "model.layers.0.self_attn.q_proj"
-    directions = torch.from_numpy(bp.directions(n))
+    directions = torch.from_numpy(skill_vectors.directions(n))
     for i in range(n):
         adapter = LoRAAdapter({module: LoRAFactors(torch.randn(2, 64) * 0.02, torch.randn(64, 2) * 0.02, 1.0)})
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from load_tests import bench_placement as bp
+from load_tests.skill_vectors import group_keys
 
 REQUESTS, SKILLS = 2_000, 500
 
@@ -60,7 +61,7 @@ def test_affinity_keeps_more_in_the_gpu_tier_than_random(trace: bp.Trace) -> Non
 
 
 def test_group_keys_are_the_servers_groups_and_partition_keeps_a_skill_home(trace: bp.Trace) -> None:
-    keys = bp.group_keys(SKILLS, 16)
+    keys = group_keys(SKILLS, 16)
     group = bp.Simulation(trace, 4, "group", seed=3, groups=keys)
     assert tuple(group.key(s) for s in range(SKILLS)) == keys and max(keys) < 0  # a group's key is no skill's id
     assert len(set(keys)) == -(-SKILLS // 16)  # one group per 16 skills

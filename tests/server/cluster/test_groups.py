@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from load_tests.bench_placement import directions as skill_directions
 from load_tests.bench_ray_placement import write_skills
+from load_tests.skill_vectors import directions as skill_directions
 from skillpool.adapters_store.store import SkillStore
 from skillpool.server.cluster.groups import PREFIX, SkillGroups, unit_vector
 from skillpool.server.cluster.remote_engine import routing_key
@@ -108,10 +108,3 @@ def test_stored_versions_are_placed_by_their_router_keys(tmp_path: Path) -> None
     (rec.path / "router.safetensors").unlink()  # a version whose router keys cannot be read: its own key
     assert not groups.add_record(rec)
     assert groups.key("skill-0007") is None and len(groups) == 59
-
-
-def test_skill_directions_are_unit_vectors_near_by_rank() -> None:
-    d = skill_directions(200)
-    assert np.allclose(np.linalg.norm(d, axis=1), 1.0, atol=1e-5)
-    cos = float((d[:-10] * d[10:]).sum(axis=1).mean()), float((d[:-60] * d[60:]).sum(axis=1).mean())
-    assert cos[0] > 0.7 and cos[1] < 0.3
