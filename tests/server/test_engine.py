@@ -287,7 +287,7 @@ def test_the_kv_cache_goes_by_the_name_the_installed_forward_takes(engine: HFEng
     releases know only past_key_values. Every engine test above ran its forwards with the chosen name."""
     import inspect
 
-    from skillpool.server.engines.hf import cache_keyword
+    from skillpool.server.engines.kv import cache_keyword
 
     declared = inspect.signature(engine.model.forward).parameters
     assert engine.cache_kw in declared and engine.cache_kw == ("cache" if "cache" in declared else "past_key_values")
