@@ -3,8 +3,8 @@
 A mix's skills all match the request the router mixed them for, so they lie near each other in the router's
 embedding space. Keying requests by the heaviest skill's neighbourhood rather than by the skill sends a mix's
 other skills to the replica that already holds its neighbours, so a replica's adapter tiers fill with one region
-of the pool instead of copies of the whole tail (load_tests/bench_placement.py: 0.36x the store fetches at 8
-replicas, at the same balance).
+of the pool instead of copies of the whole tail: fewer store fetches at the same balance (load_tests/
+bench_placement.py and bench_ray_placement.py; their figures are in docs/benchmarks.md and docs/scale-out.md).
 
 The groups: of the n skills with a vector, the ceil(n / W) whose names hash lowest lead one each, and every skill
 joins the leader nearest its mean input embedding (cosine). They depend on the pool alone, not on the order skills
