@@ -177,7 +177,7 @@ class ServerConfig:
     )
     max_waiting: int = option(256, "beyond this many waiting requests: 429 with Retry-After")
     max_loaded_skills: int | None = option(
-        None, "keep only this many skills' adapters in the engine (least recently used leave; default: all)"
+        None, "keep only this many skills' adapters in the engine (skills used once leave first; default: all)"
     )
     prefix_cache_tokens: int = option(
         4096, "keep the KV of this many prompt tokens for prompts that start alike (blocks of 16; 0: off)"

@@ -1,19 +1,20 @@
 """Which version of each skill serves new requests, and whose weights are resident in the engine.
 
 A skill's weights are kept under a version key (name#n): a request admitted before the skill was
-replaced keeps the weights it started with, while new requests get the new version. Only the
-`max_loaded` most recently used versions are resident (LRU); the others are read from the store again
-on their next use. A retired version (replaced or removed) leaves as soon as no running row uses it.
+replaced keeps the weights it started with, while new requests get the new version. Only `max_loaded`
+versions are resident; the others are read from the store again on their next use. Idle versions leave in
+segmented-LRU order (slru.py): those used once since they came in before those used again. A retired version
+(replaced or removed) leaves as soon as no running row uses it.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 
 from skillpool.adapters_store.lora_bank import LoRABank
 
 from .protocol import AdapterLoader, Mix
+from .slru import SegmentedLRU
 
 
 class SkillResidency:
@@ -22,7 +23,7 @@ class SkillResidency:
         self._current: dict[str, str] = {}  # skill name -> its version key
         self._loaders: dict[str, AdapterLoader] = {}  # live version key -> reads the weights
         self._generation = 0
-        self._lru: OrderedDict[str, None] = OrderedDict()  # resident version keys, least recently used first
+        self._order: SegmentedLRU[str] = SegmentedLRU(max_loaded)  # resident version keys, the next to leave first
         self.loads = 0  # adapters read into the bank so far: first uses and reloads after an eviction
         self.hits = 0  # adapters an admitted request needed and found resident
 
@@ -50,32 +51,33 @@ class SkillResidency:
         return key
 
     def ensure(self, keys: Iterable[str], keep: set[str]) -> bool:
-        """Make these versions resident, evicting the least recently used ones not in `keep`. False: no slot
+        """Make these versions resident, evicting idle ones not in `keep` in segmented-LRU order. False: no slot
         can be freed now (every resident version is in use): the request waits."""
-        keys, hits = list(keys), 0
+        keys, hits = list(keys), []
         if self.max_loaded is not None and len(keys) > self.max_loaded:
             raise ValueError(f"the mix needs {len(keys)} skills, more than max_loaded_skills ({self.max_loaded})")
         for key in keys:
             if key in self.bank:
-                self._lru.move_to_end(key)
-                hits += 1
+                hits.append(key)
                 continue
             load = self._loaders[key]
             if self.max_loaded is not None:
-                victims = [n for n in self._lru if n not in keep]
+                victims = [n for n in self._order if n not in keep]
                 while len(self.bank) >= self.max_loaded and victims:
                     self._evict(victims.pop(0))
                 if len(self.bank) >= self.max_loaded:
                     return False
             self.bank.add(key, load())
-            self._lru[key] = None
+            self._order.touch(key)
             self.loads += 1
-        self.hits += hits  # once the request is admitted: a waiting one calls again
+        for key in hits:  # a use counts once the request is admitted: a waiting one calls again
+            self._order.touch(key)
+        self.hits += len(hits)
         return True
 
     def sweep(self, in_use: set[str]) -> None:
         """Drop retired versions that no row uses any more."""
-        for key in [k for k in self._lru if k not in self._loaders and k not in in_use]:
+        for key in [k for k in self._order if k not in self._loaders and k not in in_use]:
             self._evict(key)
 
     def _retire(self, key: str | None, in_use: set[str]) -> None:
@@ -87,4 +89,4 @@ class SkillResidency:
 
     def _evict(self, key: str) -> None:
         self.bank.remove(key)
-        self._lru.pop(key, None)
+        self._order.discard(key)

@@ -1,5 +1,5 @@
 """SkillSlots, the resident skills behind exact mixes on vLLM: a skill is written and loaded once, shared by every
-mix, evicted least-recently-used only when idle; a request waits when every slot is held, a mix wider than the
+mix, evicted only when idle, those used once before those used again (segmented LRU); a request waits when every slot is held, a mix wider than the
 slots is refused, and a retired version fails waiting requests (KeyError → 404) and leaves once unused."""
 
 from __future__ import annotations
@@ -59,6 +59,19 @@ def test_skills_load_once_and_idle_ones_leave_least_recently_used(tmp_path: Path
 
     run(scenario())
     assert sorted(w.loaded) == ["a#1", "b#2", "c#3"] and w.unloaded == ["b#2"]  # each loaded once
+
+
+def test_a_skill_used_again_stays_while_skills_used_once_come_and_go(tmp_path: Path) -> None:
+    w = World(tmp_path, slots=3)
+    w.live |= {f"t{i}#{5 + i}": (lambda i=i: adapter(5 + i)) for i in range(4)}
+
+    async def scenario() -> None:
+        for keys in (["a#1"], ["a#1"], ["t0#5"], ["t1#6"], ["t2#7"], ["t3#8"]):
+            await w.slots.release((await w.slots.acquire(keys)).values())
+            await asyncio.sleep(0)
+
+    run(scenario())
+    assert "a#1" not in w.unloaded and w.unloaded == ["t0#5", "t1#6"]  # plain LRU: a#1 would leave at t2
 
 
 def test_a_request_waits_while_every_slot_is_held(tmp_path: Path) -> None:

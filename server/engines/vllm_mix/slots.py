@@ -2,7 +2,7 @@
 
 A request acquires all its skills before it is handed to vLLM: resident ones gain a reference, missing ones are
 written once (a scaling-1 PEFT folder, s_i folded into B) and loaded with `add_lora` + `pin_lora`, evicting idle
-residents least-recently-used. When every slot is held by running requests, it waits (FIFO on a condition)
+residents in segmented-LRU order (../slru.py: those used once before those used again). When every slot is held by running requests, it waits (FIFO on a condition)
 rather than overfill vLLM's `max_loras`. A retired version serves no new or waiting request (KeyError → 404),
 and leaves vLLM once its last running request ends. Everything here runs on the engine's event loop.
 """
@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import logging
 import shutil
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 from skillpool.adapters_store.concat import concat_mix, write_concat
 
 from ..protocol import AdapterLoader
+from ..slru import SegmentedLRU
 from .tables import MIX_KEY
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,8 @@ class SkillSlots:
         shutil.rmtree(folder, ignore_errors=True)  # an earlier process's folders: its name#gen keys named other weights
         self._loader, self._load, self._unload = loader, load, unload
         self._ids = itertools.count(first_id)
-        self._residents: OrderedDict[str, Resident] = OrderedDict()  # least recently used first
+        self._residents: dict[str, Resident] = {}
+        self._order: SegmentedLRU[str] = SegmentedLRU(slots)  # resident keys, the next to leave first
         self._retired: set[str] = set()
         self._changed: asyncio.Condition | None = None
         self._loading: set[asyncio.Future[None]] = set()
@@ -84,7 +85,7 @@ class SkillSlots:
             while True:
                 self._check_live(wanted)
                 missing = [k for k in wanted if k not in self._residents]
-                idle = [r for k, r in self._residents.items() if r.refs == 0 and k not in wanted]
+                idle = [self._residents[k] for k in self._order if self._residents[k].refs == 0 and k not in wanted]
                 if len(self._residents) - len(idle) + len(missing) <= self.slots:
                     break
                 await self.changed.wait()  # every slot is held by running requests: wait for a release
@@ -95,7 +96,7 @@ class SkillSlots:
                 if k not in self._residents:
                     new = self._residents[k] = Resident(k, next(self._ids), self.folder / k)
                     self._track(self._bring_in(new), self._loading)
-                self._residents.move_to_end(k)
+                self._order.touch(k)
                 self._residents[k].refs += 1
                 held[k] = self._residents[k]
         try:
@@ -155,6 +156,7 @@ class SkillSlots:
             r.ready.set_exception(e)
             if self._residents.get(r.key) is r:
                 del self._residents[r.key]
+                self._order.discard(r.key)
 
     def _write(self, r: Resident) -> None:
         if r.folder.exists():
@@ -168,6 +170,7 @@ class SkillSlots:
 
     def _evict(self, r: Resident) -> None:
         del self._residents[r.key]
+        self._order.discard(r.key)
 
         async def out() -> None:
             try:
