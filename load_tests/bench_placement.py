@@ -7,31 +7,26 @@ policy): --skills skills with Zipf popularity s=1.1 by rank; each request a mix 
 distinct from the 50 ranks nearest the first (a window of 51 ranks around it, clipped at the ends, less itself);
 Poisson arrivals at 70% of the replicas' total capacity (N x max_ongoing_requests / mean service time); service
 time exponential with mean 1, independent of the mix. Each replica admits at most max_ongoing_requests (32) at a
-time and keeps two LRU tiers: 64 GPU slots and 1,024 host slots. Every skill of a mix is looked up on the replica
-the request starts on: in the GPU tier it is a GPU hit; else in the host tier a host hit (it moves into the GPU
-tier, evicting that tier's least recent); else a store fetch (it enters both). Every lookup refreshes the skill in
-both tiers, so the host tier always holds the GPU tier's skills.
+time and keeps two tiers: 64 GPU slots and 1,024 host slots (LRU). Every skill of a mix is looked up on the
+replica the request starts on: in the GPU tier it is a GPU hit; else in the host tier a host hit (it moves into
+the GPU tier, evicting one); else a store fetch (it enters both). A lookup refreshes the skill in each tier that
+holds it. The GPU tier evicts as the engines do (--gpu-tier slru: server/engines/slru.py, a segmented LRU whose
+second use of a resident skill protects it), or by plain LRU (--gpu-tier lru).
 
 Policies (a replica is full at max_ongoing_requests; a full one is never chosen, as Ray Serve's replicas reject
 requests past max_ongoing_requests and its router retries):
 - random: uniform over the replicas that are not full (Ray's random router, retried until one accepts).
 - pow2: two distinct replicas at random, the less loaded of those not full; a fresh pair while both are full.
-- affinity: Ray Serve's model multiplexing (``@serve.multiplexed`` with ``multiplexed_model_id``), keyed by the
-  request's heaviest skill. What we took from Ray's request router (MultiplexMixin.apply_multiplex_routing and the
-  power-of-two router): a replica "holds" the model ids its ``@serve.multiplexed`` loader loaded, an LRU of
-  ``max_num_models_per_replica`` ids per replica (--mux-slots, 64 by default: the GPU slots; 1,024 would say a
-  replica holds what its host tier can; the LRU holds keys only, apart from the engine's tiers, which also hold a
-  mix's other skills). A request goes first to the replicas holding its key
-  (Ray takes two of them at random and the less loaded; we take the least loaded of all holders, ties at random:
-  the same when one or two replicas hold a key). When none holds it, or those that do are full, it spills to the
-  replicas holding the fewest model ids, among them the least loaded (Ray's fallback once its first try is
-  rejected, a few milliseconds later, well inside the 1-2 s matching timeout, which therefore never expires here).
-  The replica it lands on loads the key (it joins that replica's id LRU). The replicas' id sets reach the router
-  at once (Ray pushes them asynchronously).
-- group: affinity keyed by the heaviest skill's neighbourhood instead of the skill, as the server keys with
-  --affinity-group-size: its own grouping (server/cluster/groups.py, --group-size skills a group) of vectors on a
-  smooth curve by rank (load_tests/skill_vectors.py: cosine 0.9 at 10 ranks apart, below 0 at 50), so a mix's
-  skills are near.
+- affinity: Ray Serve's model multiplexing (``@serve.multiplexed``, ``multiplexed_model_id``) keyed by the request's
+  heaviest skill, as Ray's router does it (MultiplexMixin.apply_multiplex_routing): a replica "holds" the ids its
+  loader loaded, an LRU of ``max_num_models_per_replica`` (--mux-slots, default the GPU slots; keys only, apart
+  from the engine's tiers). A request goes to the least loaded replica holding its key (Ray: the less loaded of two
+  holders at random; the same for one or two). When none holds it or all holders are full, it spills to the least
+  loaded of the replicas holding the fewest ids (Ray's fallback after a rejection, well inside the 1-2 s matching
+  timeout), which then holds the key. Id sets reach the router at once (Ray pushes them asynchronously).
+- group: affinity keyed by the heaviest skill's neighbourhood, as the server keys with --affinity-group-size
+  (server/cluster/groups.py, --group-size skills a group), of vectors on a smooth curve by rank
+  (load_tests/skill_vectors.py: cosine 0.9 at 10 ranks apart, below 0 at 50), so a mix's skills are near.
 - partition: a bound, not a router: the GPU slots x N most popular skills are packed by popularity onto the
   replicas, the rest go by windows of 64 ranks in turn; a request goes to its heaviest skill's replica unless it
   is full (then the least loaded). It knows the ranks, which no router does.
@@ -46,6 +41,7 @@ waited for a slot). The last line printed is one JSON object {"N": {"8": {"rando
 
     .venv/bin/python -m load_tests.bench_placement [--requests 200000] [--skills 10000] [--replicas 4,8,16]
         [--seed 0] [--policies random,pow2,affinity,group,partition] [--mux-slots 64] [--group-size 64]
+        [--gpu-tier slru|lru]
 """
 
 from __future__ import annotations
@@ -61,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from load_tests.skill_vectors import group_keys
+from skillpool.server.engines.slru import SegmentedLRU
 
 ZIPF_S = 1.1
 MIX_SIZES = (1, 2, 3)
@@ -73,6 +70,7 @@ LOAD = 0.7
 POLICIES = ("random", "pow2", "affinity", "group", "partition")
 WINDOW = 64  # ranks per tail block (partition)
 GROUP_SIZE = 64  # skills per neighbourhood (group)
+GPU_TIERS = ("slru", "lru")  # the GPU tier's eviction: the engines' segmented LRU, or plain LRU
 KEYS = ("gpu_hit", "store_fetch_rate", "busiest_over_mean")  # the JSON line's fields
 Results = dict[str, dict[str, dict[str, float]]]  # N -> policy -> figure -> value
 
@@ -115,7 +113,7 @@ def make_trace(requests: int, skills: int, seed: int) -> Trace:
 
 @dataclass
 class Replica:
-    gpu: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    gpu: SegmentedLRU[int]
     host: OrderedDict[int, None] = field(default_factory=OrderedDict)
     keys: OrderedDict[int, None] = field(default_factory=OrderedDict)  # the multiplexed model ids it holds
     load: int = 0
@@ -158,8 +156,11 @@ class Simulation:
         seed: int,
         mux_slots: int = GPU_SLOTS,
         groups: tuple[int, ...] | None = None,
+        gpu_tier: str = GPU_TIERS[0],
     ) -> None:
         """`groups`: each rank's group key (group_keys), for the group policy."""
+        if gpu_tier not in GPU_TIERS:
+            raise SystemExit(f"unknown GPU tier {gpu_tier!r}: choose from {', '.join(GPU_TIERS)}")
         if policy not in POLICIES:
             raise SystemExit(f"unknown policy {policy!r}: choose from {', '.join(POLICIES)}")
         if policy == "group" and groups is None:
@@ -167,7 +168,8 @@ class Simulation:
         self.trace, self.groups = trace, groups
         self.policy = policy
         self.mux_slots = mux_slots
-        self.reps = [Replica() for _ in range(replicas)]
+        capacity = GPU_SLOTS if gpu_tier == "slru" else None  # no capacity: nothing protected, plain LRU
+        self.reps = [Replica(SegmentedLRU(capacity)) for _ in range(replicas)]
         self.holders: dict[int, set[int]] = {}
         self.rng = random.Random(seed * 1_000_003 + replicas * 101 + POLICIES.index(policy))
         self.result = Result(replicas=replicas, policy=policy, requests=len(trace.mixes))
@@ -238,8 +240,9 @@ class Simulation:
         res.lookups += 1
         gpu, host = rep.gpu, rep.host
         if skill in gpu:
-            gpu.move_to_end(skill)
-            host.move_to_end(skill)
+            gpu.touch(skill)
+            if skill in host:
+                host.move_to_end(skill)
             res.gpu_hits += 1
             return True
         if skill in host:
@@ -250,9 +253,9 @@ class Simulation:
             host[skill] = None
             if len(host) > HOST_SLOTS:
                 host.popitem(last=False)
-        gpu[skill] = None
-        if len(gpu) > GPU_SLOTS:
-            gpu.popitem(last=False)
+        gpu.touch(skill)
+        if len(gpu) > GPU_SLOTS and (victim := gpu.first()) is not None:
+            gpu.discard(victim)
         return False
 
     def start(self, req: int, idx: int, now: float, done: list[tuple[float, int, int]]) -> None:
@@ -301,10 +304,16 @@ class Simulation:
 
 
 def simulate(
-    trace: Trace, replicas: int, policy: str, seed: int, mux_slots: int = GPU_SLOTS, group_size: int = GROUP_SIZE
+    trace: Trace,
+    replicas: int,
+    policy: str,
+    seed: int,
+    mux_slots: int = GPU_SLOTS,
+    group_size: int = GROUP_SIZE,
+    gpu_tier: str = GPU_TIERS[0],
 ) -> Result:
     groups = group_keys(trace.skills, group_size) if policy == "group" else None
-    return Simulation(trace, replicas, policy, seed, mux_slots, groups).run()
+    return Simulation(trace, replicas, policy, seed, mux_slots, groups, gpu_tier).run()
 
 
 def run_all(
@@ -314,9 +323,11 @@ def run_all(
     seed: int,
     mux_slots: int = GPU_SLOTS,
     group_size: int = GROUP_SIZE,
+    gpu_tier: str = GPU_TIERS[0],
 ) -> Results:
     return {
-        str(n): {p: simulate(trace, n, p, seed, mux_slots, group_size).summary() for p in policies} for n in replicas
+        str(n): {p: simulate(trace, n, p, seed, mux_slots, group_size, gpu_tier).summary() for p in policies}
+        for n in replicas
     }
 
 
@@ -357,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, of " + ", ".join(POLICIES))
     ap.add_argument("--mux-slots", type=int, default=GPU_SLOTS, help="affinity: model ids a replica holds (its LRU)")
     ap.add_argument("--group-size", type=int, default=GROUP_SIZE, help="group: skills per neighbourhood")
+    ap.add_argument("--gpu-tier", choices=GPU_TIERS, default=GPU_TIERS[0], help="the GPU tier's eviction")
     args = ap.parse_args(argv)
     replicas = [int(x) for x in args.replicas.split(",") if x]
     policies = [p for p in args.policies.split(",") if p]
@@ -364,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--replicas, --mux-slots, --group-size and --requests take positive counts")
     t0 = time.perf_counter()
     trace = make_trace(args.requests, args.skills, args.seed)
-    results = run_all(trace, replicas, policies, args.seed, args.mux_slots, args.group_size)
+    results = run_all(trace, replicas, policies, args.seed, args.mux_slots, args.group_size, args.gpu_tier)
     print(
         f"{args.requests} requests, {args.skills} skills, Zipf s={ZIPF_S}, seed {args.seed}; per replica "
-        f"{GPU_SLOTS} GPU / {HOST_SLOTS} host slots, max_ongoing_requests {MAX_ONGOING}, load {LOAD:.0%}; "
+        f"{GPU_SLOTS} GPU ({args.gpu_tier}) / {HOST_SLOTS} host slots, max_ongoing_requests {MAX_ONGOING}, load {LOAD:.0%}; "
         f"affinity's model-id LRU {args.mux_slots}; groups of {args.group_size}"
     )
     for n, rows in results.items():

@@ -21,8 +21,8 @@ Runs, each on freshly started replicas:
 Adapter loads (GPU-tier misses) are compared with bench_placement's simulation of the same trace, replicas and
 tiers. The last line printed is one JSON object.
 
-    .venv/bin/python -m load_tests.bench_ray_placement [--requests 2000] [--skills 300] [--replicas 4]
-        [--group-size 16] [--runs affinity,unkeyed,group,throughput,kill]
+    .venv/bin/python -m load_tests.bench_ray_placement [--requests 10000] [--skills 400] [--replicas 4]
+        [--host-slots 200] [--group-size 32] [--gpu-tier slru|lru] [--runs affinity,unkeyed,group,throughput,kill]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class Deployment:
         from skillpool.server.cluster.remote_engine import RemoteEngine
         from skillpool.server.config import ServerConfig
 
-        factory = make_tiered(args.gpu_slots, args.host_slots, args.per_token_s)
+        factory = make_tiered(args.gpu_slots, args.host_slots, args.per_token_s, args.gpu_tier)
         cfg = ServerConfig(data_dir=data_dir, max_waiting=100_000)
         self.spec = ClusterSpec(
             cfg,
@@ -221,7 +221,7 @@ def simulated(trace: bp.Trace, args: argparse.Namespace, policy: str) -> dict[st
     saved = (bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING)
     bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING = args.gpu_slots, args.host_slots, args.max_ongoing
     try:
-        res = bp.simulate(trace, args.replicas, policy, args.seed, args.mux_slots, args.group_size)
+        res = bp.simulate(trace, args.replicas, policy, args.seed, args.mux_slots, args.group_size, args.gpu_tier)
     finally:
         bp.GPU_SLOTS, bp.HOST_SLOTS, bp.MAX_ONGOING = saved
     return {"loads": res.lookups - res.gpu_hits, "store_fetches": res.fetches}
@@ -276,18 +276,19 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--skills", type=int, default=300)
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--skills", type=int, default=400)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--gpu-slots", type=int, default=16, help="GPU-tier slots per replica (and its multiplexed keys)")
-    ap.add_argument("--host-slots", type=int, default=64)
-    ap.add_argument("--max-ongoing", type=int, default=8, help="max_ongoing_requests per replica")
-    ap.add_argument("--mean-tokens", type=int, default=32, help="output tokens of a request of mean service time")
-    ap.add_argument("--per-token-s", type=float, default=0.1, help="the stand-in engine's sleep per token")
+    ap.add_argument("--host-slots", type=int, default=200)
+    ap.add_argument("--gpu-tier", choices=bp.GPU_TIERS, default=bp.GPU_TIERS[0], help="the GPU tier's eviction")
+    ap.add_argument("--max-ongoing", type=int, default=32, help="max_ongoing_requests per replica")
+    ap.add_argument("--mean-tokens", type=int, default=8, help="output tokens of a request of mean service time")
+    ap.add_argument("--per-token-s", type=float, default=0.25, help="the stand-in engine's sleep per token")
     ap.add_argument("--throughput-requests", type=int, default=100, help="per replica, in the closed-loop runs")
     ap.add_argument("--mux-slots", type=int, default=None, help="multiplexed keys a replica holds (default: GPU slots)")
     ap.add_argument("--kill-at", type=float, default=0.4, help="kill a replica at this share of the kill run's trace")
-    ap.add_argument("--group-size", type=int, default=16, help="skills per neighbourhood in the group run")
+    ap.add_argument("--group-size", type=int, default=32, help="skills per neighbourhood in the group run")
     ap.add_argument("--runs", default=",".join(RUNS), help="comma-separated, of " + ", ".join(RUNS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-cpus", type=int, default=2, help="the local Ray's CPUs")

@@ -1,5 +1,5 @@
 """A stand-in engine for placement benchmarks: it sleeps per output token instead of computing, and keeps the two
-adapter tiers load_tests/bench_placement.py models (GPU slots and host slots, both LRU), so a run through real Ray
+adapter tiers load_tests/bench_placement.py models (GPU slots, evicted as --gpu-tier says, and LRU host slots), so a run through real Ray
 Serve counts what a replica would load. Every skill of a request's mix is looked up: in the GPU tier a hit; else in
 the host tier (it moves to the GPU tier: a load); else read from the skill store (a real read of its adapter files:
 a store fetch, then a load). Its answer's text names the tier each lookup was served from, heaviest skill first
@@ -15,15 +15,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from skillpool.server.engines.protocol import AdapterLoader, EngineEvent, EngineRequest, StreamsEvents
+from skillpool.server.engines.slru import SegmentedLRU
 
 
 class TieredEngine(StreamsEvents):
     name = "tiered-sleep"
     max_context = 1 << 20
 
-    def __init__(self, gpu_slots: int, host_slots: int, per_token_s: float) -> None:
+    def __init__(self, gpu_slots: int, host_slots: int, per_token_s: float, gpu_tier: str = "slru") -> None:
+        """`gpu_tier`: "slru", the engines' eviction order (server/engines/slru.py), or "lru"."""
+        if gpu_tier not in ("slru", "lru"):
+            raise ValueError(f"gpu_tier is slru or lru, not {gpu_tier!r}")
         self.gpu_slots, self.host_slots, self.per_token_s = gpu_slots, host_slots, per_token_s
-        self._gpu: OrderedDict[str, None] = OrderedDict()
+        self._gpu: SegmentedLRU[str] = SegmentedLRU(gpu_slots if gpu_tier == "slru" else None)
         self._host: OrderedDict[str, Any] = OrderedDict()  # skill -> its adapter, read from the store
         self._loaders: dict[str, AdapterLoader] = {}
         self._timers: dict[str, threading.Timer] = {}
@@ -37,8 +41,9 @@ class TieredEngine(StreamsEvents):
     def _lookup(self, skill: str) -> str:
         """The tier that served `skill`, moving it up as bench_placement.Simulation.lookup does."""
         if skill in self._gpu:
-            self._gpu.move_to_end(skill)
-            self._host.move_to_end(skill)
+            self._gpu.touch(skill)
+            if skill in self._host:
+                self._host.move_to_end(skill)
             self.gpu_hits += 1
             return "gpu"
         if skill in self._host:
@@ -51,9 +56,9 @@ class TieredEngine(StreamsEvents):
             if len(self._host) > self.host_slots:
                 self._host.popitem(last=False)
             tier = "store"
-        self._gpu[skill] = None
-        if len(self._gpu) > self.gpu_slots:
-            self._gpu.popitem(last=False)
+        self._gpu.touch(skill)
+        if len(self._gpu) > self.gpu_slots and (victim := self._gpu.first()) is not None:
+            self._gpu.discard(victim)
         return tier
 
     def submit(self, request: EngineRequest, sink: Callable[[EngineEvent], None]) -> None:
@@ -85,13 +90,13 @@ class TieredEngine(StreamsEvents):
     def add_skill(self, name: str, load: AdapterLoader) -> None:
         with self._lock:
             self._loaders[name] = load
-            self._gpu.pop(name, None)  # a new version: the old one's copies are stale
+            self._gpu.discard(name)  # a new version: the old one's copies are stale
             self._host.pop(name, None)
 
     def remove_skill(self, name: str) -> None:
         with self._lock:
             self._loaders.pop(name, None)
-            self._gpu.pop(name, None)
+            self._gpu.discard(name)
             self._host.pop(name, None)
 
     def healthy(self) -> bool:
@@ -122,10 +127,12 @@ class TieredEngine(StreamsEvents):
             t.cancel()
 
 
-def make_tiered(gpu_slots: int, host_slots: int, per_token_s: float) -> Callable[[Any], TieredEngine]:
+def make_tiered(
+    gpu_slots: int, host_slots: int, per_token_s: float, gpu_tier: str = "slru"
+) -> Callable[[Any], TieredEngine]:
     """The engine factory a ClusterSpec takes (called in each replica with the server's settings)."""
 
     def factory(_cfg: Any) -> TieredEngine:
-        return TieredEngine(gpu_slots, host_slots, per_token_s)
+        return TieredEngine(gpu_slots, host_slots, per_token_s, gpu_tier)
 
     return factory

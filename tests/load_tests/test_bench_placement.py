@@ -60,6 +60,15 @@ def test_affinity_keeps_more_in_the_gpu_tier_than_random(trace: bp.Trace) -> Non
         assert aff["key_gpu_hit"] > rnd["key_gpu_hit"]
 
 
+def test_the_segmented_gpu_tier_keeps_more_than_plain_lru_and_fetches_alike(trace: bp.Trace) -> None:
+    for policy in ("random", "affinity"):
+        slru, lru = (bp.simulate(trace, 4, policy, seed=3, gpu_tier=tier) for tier in ("slru", "lru"))
+        assert slru.gpu_hits > lru.gpu_hits
+        assert abs(slru.fetches - lru.fetches) <= 0.02 * lru.fetches  # the host tier decides fetches
+    with pytest.raises(SystemExit, match="GPU tier"):
+        bp.Simulation(trace, 4, "random", seed=3, gpu_tier="fifo")
+
+
 def test_group_keys_are_the_servers_groups_and_partition_keeps_a_skill_home(trace: bp.Trace) -> None:
     keys = group_keys(SKILLS, 16)
     group = bp.Simulation(trace, 4, "group", seed=3, groups=keys)

@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from load_tests import bench_placement as bp
 from load_tests.tiered_engine import TieredEngine
 from skillpool.server.engines import EngineRequest, Mix, SamplingParams
 
 
-def test_its_tiers_count_as_the_simulations() -> None:
+@pytest.mark.parametrize("gpu_tier", bp.GPU_TIERS)
+def test_its_tiers_count_as_the_simulations(gpu_tier: str) -> None:
     trace = bp.make_trace(400, 120, seed=5)
-    engine = TieredEngine(gpu_slots=4, host_slots=16, per_token_s=0.0)
+    engine = TieredEngine(gpu_slots=4, host_slots=16, per_token_s=0.0, gpu_tier=gpu_tier)
     reads: list[str] = []
     for s in range(120):
         engine.add_skill(f"s{s}", lambda s=s: reads.append(f"s{s}"))
-    sim = bp.Simulation(trace, 1, "random", seed=5)
     saved = bp.GPU_SLOTS, bp.HOST_SLOTS
     bp.GPU_SLOTS, bp.HOST_SLOTS = 4, 16
     try:
+        sim = bp.Simulation(trace, 1, "random", seed=5, gpu_tier=gpu_tier)
         for i, mix in enumerate(trace.mixes):
             weights = {f"s{s}": w for s, w in zip(mix, (0.5, 0.3, 0.2))}
             request = EngineRequest(f"r{i}", [1], SamplingParams(max_tokens=1), Mix.of(weights))
@@ -44,6 +47,25 @@ def test_its_tiers_count_as_the_simulations() -> None:
 
 async def collect(engine: TieredEngine, request: EngineRequest) -> list:  # type: ignore[type-arg]
     return [ev async for ev in engine.generate(request)]
+
+
+def test_the_tiers_differ_and_a_bad_tier_is_refused() -> None:
+    """The same trace through both GPU tiers: the segmented one keeps the popular skills (more GPU hits)."""
+    trace = bp.make_trace(3000, 400, seed=1)
+    hits = {}
+    for tier in bp.GPU_TIERS:
+        engine = TieredEngine(8, 400, 0.0, tier)
+        for s in range(400):
+            engine.add_skill(f"s{s}", lambda: None)
+        for i, mix in enumerate(trace.mixes):
+            request = EngineRequest(
+                f"r{i}", [1], SamplingParams(max_tokens=1), Mix.of({f"s{s}": 1 / len(mix) for s in mix})
+            )
+            asyncio.run(collect(engine, request))
+        hits[tier] = engine.stats()["adapter_hits"]
+    assert hits["slru"] > hits["lru"]
+    with pytest.raises(ValueError):
+        TieredEngine(8, 400, 0.0, "fifo")
 
 
 def test_an_unknown_skill_is_not_found() -> None:

@@ -30,7 +30,13 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     data = tmp_path_factory.mktemp("store")
     write_skills(data, SKILLS)
     args = argparse.Namespace(
-        gpu_slots=4, host_slots=16, per_token_s=0.01, max_ongoing=8, mux_slots=4, tokenizer=resolve_base_model().path
+        gpu_slots=4,
+        host_slots=16,
+        gpu_tier="slru",
+        per_token_s=0.01,
+        max_ongoing=8,
+        mux_slots=4,
+        tokenizer=resolve_base_model().path,
     )
     ray.init(num_cpus=2, include_dashboard=False, namespace="skillpool")
     try:
