@@ -33,6 +33,12 @@ from load_tests.serving_auto import auto_scenarios
 from load_tests.serving_load import GROUP, TASKS, Load, make_skills, rss_mib, summarize
 
 
+def like_for_like(flags: list[str]) -> list[str]:
+    """The server of the base-against-mixes rounds: prefix caching off, since a mix cannot reuse the base model's
+    prompt KV (a LoRA on k/v changes it) and all-different mixes share none among themselves."""
+    return [*flags, "--prefix-cache-tokens", "0"]
+
+
 def main() -> int:
     import httpx
     from openai import OpenAI
@@ -152,11 +158,9 @@ def main() -> int:
             stats = httpx.get(srv.url + "/healthz").json()
             print(f"  healthz: {stats}", flush=True)
         if engine == "hf":
-            # Mixes cannot reuse the base model's prompt KV (a LoRA on k/v changes it), and all-different mixes
-            # share none among themselves: compare them with the base model like for like too, prefix caching off.
-            # Interleaved rounds (base, mixes, mixes, base, ...) after a discarded full-concurrency warm-up: a
-            # machine that drifts during the run (another process, thermal state) then moves both sides alike.
-            with ServerProcess(root / "small", [*flags]) as srv:
+            # Mixes against the base like for like, prefix caching off (like_for_like). Interleaved rounds (base,
+            # mixes, mixes, base, ...) after a discarded warm-up: a machine that drifts moves both sides alike.
+            with ServerProcess(root / "small", like_for_like(flags)) as srv:
                 client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
                 load = Load(client, args.max_tokens)
                 sides = {"base": lambda i: base_id, "k=3 mixes all different": lambda i: mix_models[i]}
