@@ -285,7 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-ongoing", type=int, default=32, help="max_ongoing_requests per replica")
     ap.add_argument("--mean-tokens", type=int, default=8, help="output tokens of a request of mean service time")
     ap.add_argument("--per-token-s", type=float, default=0.25, help="the stand-in engine's sleep per token")
-    ap.add_argument("--throughput-requests", type=int, default=100, help="per replica, in the closed-loop runs")
+    ap.add_argument(
+        "--throughput-requests",
+        type=int,
+        default=500,
+        help="per replica, in the closed-loop runs (100 measure mostly the ramp-up)",
+    )
     ap.add_argument("--mux-slots", type=int, default=None, help="multiplexed keys a replica holds (default: GPU slots)")
     ap.add_argument("--kill-at", type=float, default=0.4, help="kill a replica at this share of the kill run's trace")
     ap.add_argument("--group-size", type=int, default=32, help="skills per neighbourhood in the group run")
