@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
-
 from load_tests.bench_serving import like_for_like
-from skillpool.server.cli import add_arguments
-from skillpool.server.config import ServerConfig
-
-
-def config(argv: list[str]) -> ServerConfig:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return ServerConfig.from_cli_args(p.parse_args(argv))
+from tests.server.test_cli import config
 
 
 def test_like_for_like_server_keeps_no_prompt_kv() -> None:
     flags = ["--engine", "hf", "--max-batch-size", "16"]
-    assert config(flags).prefix_cache_tokens > 0  # the other scenarios' server reuses shared prompt starts
-    assert config(like_for_like(flags)).prefix_cache_tokens == 0
+    assert config(*flags).prefix_cache_tokens > 0  # the other scenarios' server reuses shared prompt starts
+    assert config(*like_for_like(flags)).prefix_cache_tokens == 0
     assert like_for_like(flags)[: len(flags)] == flags  # the engine and batch size stay the same
