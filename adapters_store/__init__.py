@@ -1,4 +1,5 @@
-"""Skill records on disk, adapter files, base-model resolution and the LoRA mix math.
+"""Where skill versions live: the folder and S3 backends, the node's disk cache, durable writes, skill names, and
+the publish protocol (a version is visible whole or not at all).
 
-Nothing outside this package knows the on-disk layout of a skill or how LoRA factors combine.
+Nothing outside this package knows the on-disk layout of a skill.
 """

@@ -37,9 +37,10 @@ from urllib.parse import urlsplit
 import torch
 from safetensors.torch import load_file, save_file
 
+from skillpool.lora.adapter import PEFT_CONFIG, PEFT_WEIGHTS, LoRAAdapter, load_peft_adapter
+
 from .disk_cache import DEFAULT_CACHE_BYTES, DiskCache
 from .diskio import make_temp_dir, sweep
-from .lora import PEFT_CONFIG, PEFT_WEIGHTS, LoRAAdapter, load_peft_adapter
 from .names import validate_skill_name
 from .objects import CLAIM, FileObjects, ObjectStore, StoreUnavailable, TierCounts
 

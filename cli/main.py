@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from skillpool.adapters_store.openmp import set_openmp_defaults
+from skillpool.runtime.openmp import set_openmp_defaults
 
 set_openmp_defaults()  # before torch loads OpenMP: idle threads spin briefly, then sleep
 

@@ -113,7 +113,7 @@ def _score_all(args: argparse.Namespace, tasks: list[AnswerTask], cfg: TrainConf
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     cfg: TrainConfig = args.train_config
     base = resolve_base_model(args.model)

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from skillpool.adapters_store.base_model import resolve_device
+from skillpool.runtime.base_model import resolve_device
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.heap import release_freed_memory
 

@@ -83,7 +83,7 @@ def _with_metrics(matrix: list[list[float | None]], single: list[float] | None) 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     cfg: TrainConfig = args.train_config
     base = resolve_base_model(args.model)

@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [load_task(f, args.text, args.train_limit, args.test_limit, para.get(f.name)) for f in args.tasks]
     pooler = None
     if mode_class(args.router).learns_projector:
-        from skillpool.adapters_store.base_model import resolve_base_model
+        from skillpool.runtime.base_model import resolve_base_model
 
         pooler = TokenPooler.from_checkpoint(
             args.model or resolve_base_model().path, settings.sapt.max_tokens, settings.sapt.pool

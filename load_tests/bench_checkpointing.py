@@ -34,7 +34,7 @@ def child(kind: str, n_rows: int, batch_size: int, sample: bool, group: str, tas
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from skillpool.adapters_store.base_model import resolve_base_model, resolve_device
+    from skillpool.runtime.base_model import resolve_base_model, resolve_device
     from skillpool.trainer.config import CHECKPOINTING, TrainConfig
     from skillpool.trainer.datasets import parse_jsonl
     from skillpool.trainer.loop import Method, Schedule, TrainLoop

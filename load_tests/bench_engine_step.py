@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from load_tests.fixtures import random_skills, save_peft
-from skillpool.adapters_store.openmp import in_own_thread, set_openmp_defaults
+from skillpool.runtime.openmp import in_own_thread, set_openmp_defaults
 
 set_openmp_defaults()  # as `skillpool` runs: before torch loads
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -135,7 +135,7 @@ def measure_dtype(args: Any, dtype: Any, path: Path, skills: list[Any], mixes: l
     """Every side at one dtype, in interleaved rounds: median step times and the ratios."""
     from transformers import AutoModelForCausalLM
 
-    from skillpool.adapters_store.mix import Mix
+    from skillpool.lora.mix import Mix
     from skillpool.server.engines.hf import HFEngine
 
     b, ctx, steps, warm = args.batch, args.context, args.steps, args.warmup
@@ -193,8 +193,8 @@ def measure_dtype(args: Any, dtype: Any, path: Path, skills: list[Any], mixes: l
 def main() -> int:
     import torch
 
-    from skillpool.adapters_store.base_model import resolve_base_model
-    from skillpool.adapters_store.mix import Mix
+    from skillpool.lora.mix import Mix
+    from skillpool.runtime.base_model import resolve_base_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="float32,bfloat16")

@@ -27,7 +27,7 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from skillpool.adapters_store.base_model import resolve_base_model, resolve_device
+    from skillpool.runtime.base_model import resolve_base_model, resolve_device
     from skillpool.trainer.config import TrainConfig
     from skillpool.trainer.datasets import parse_jsonl
     from skillpool.trainer.loop import Method, TrainLoop

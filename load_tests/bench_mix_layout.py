@@ -24,8 +24,8 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from skillpool.adapters_store.base_model import resolve_base_model
-    from skillpool.adapters_store.lora_bank import LoRABank
+    from skillpool.lora.bank import LoRABank
+    from skillpool.runtime.base_model import resolve_base_model
     from skillpool.server.engines.kv import growing_cache
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -58,8 +58,8 @@ def write_skills(data_dir: Path, n: int) -> None:
     keys by rank (skill_vectors.directions)."""
     import torch
 
-    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
     from skillpool.adapters_store.store import SkillDraft, SkillStore
+    from skillpool.lora.adapter import LoRAAdapter, LoRAFactors, save_peft_adapter
     from skillpool.router.types import CENTROID
 
     store, module = SkillStore(data_dir), "model.layers.0.self_attn.q_proj"
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(k, v)
     import ray
 
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     args.tokenizer = resolve_base_model().path
     trace = bp.make_trace(args.requests, args.skills, args.seed)

@@ -112,7 +112,7 @@ def main() -> int:
     embedder.embed(texts[:8])  # warm-up
     pooler = None
     if args.mode == "sapt":
-        from skillpool.adapters_store.base_model import resolve_base_model
+        from skillpool.runtime.base_model import resolve_base_model
 
         pooler = TokenPooler.from_checkpoint(resolve_base_model().path, pool=RouterSettings().sapt.pool)
     res: dict[int, dict[str, Any]] = {}

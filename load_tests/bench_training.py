@@ -36,14 +36,18 @@ from load_tests.common import rows, upload
 
 REPO = Path(__file__).resolve().parent.parent
 # the repository's folders that are the skillpool package's subpackages (pyproject's package-dir)
-PACKAGES = ("adapters_store", "router", "trainer", "server", "cli", "evaluation")
+PACKAGES = ("runtime", "lora", "adapters_store", "router", "trainer", "server", "cli", "evaluation")
 
 
 def export(rev: str, root: Path) -> Path:
     """`rev`'s tree as an importable `skillpool` package under `root`; returns the folder to put on PYTHONPATH."""
     pkg = root / "skillpool"
     pkg.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", rev, *PACKAGES], cwd=REPO, capture_output=True, check=True).stdout
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev], cwd=REPO, capture_output=True, check=True, text=True
+    )
+    present = [p for p in PACKAGES if p in listed.stdout.split()]  # an earlier commit may predate a package
+    archive = subprocess.run(["git", "archive", rev, *present], cwd=REPO, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(pkg)], input=archive, check=True)
     (pkg / "__init__.py").write_text("")  # a regular package: found on PYTHONPATH before the editable install
     return root

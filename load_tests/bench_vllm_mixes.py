@@ -196,8 +196,8 @@ async def base_phase(a: argparse.Namespace, model: Path) -> None:
 
 def mix_phase(a: argparse.Namespace, model: Path, work: Path) -> None:
     """skillpool's VLLMEngine with the skills added: its real slot management, mixes as `serve` sends them."""
-    from skillpool.adapters_store.lora import load_peft_adapter
-    from skillpool.adapters_store.mix import Mix
+    from skillpool.lora.adapter import load_peft_adapter
+    from skillpool.lora.mix import Mix
     from skillpool.server.engines import EngineRequest, SamplingParams
     from skillpool.server.engines.vllm import VLLMEngine
     from skillpool.server.engines.vllm_mix import plugin

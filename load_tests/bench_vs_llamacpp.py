@@ -131,8 +131,8 @@ def serve_flags(clients: int, dtype: str) -> list[str]:
 def main() -> int:
     from openai import OpenAI
 
-    from skillpool.adapters_store.base_model import _packaged_gguf, resolve_base_model
     from skillpool.evaluation.process import ServerProcess
+    from skillpool.runtime.base_model import _packaged_gguf, resolve_base_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=16)

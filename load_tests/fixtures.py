@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from skillpool.adapters_store.lora import LoRAAdapter
+    from skillpool.lora.adapter import LoRAAdapter
     from skillpool.router import Router
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -43,7 +43,7 @@ def dummy_model(folder: Path, shape: Mapping[str, Any], dtype: str, base_config:
     The vocabulary size, BOS and EOS come from the base model's config unless `shape` sets them. No
     generation_config.json, so no server takes sampling defaults from one. `base_config`: a folder with SmolLM2's
     config.json and tokenizer files (default: the packaged model)."""
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     src = base_config or resolve_base_model().path
     base = json.loads((src / "config.json").read_text())
@@ -86,7 +86,7 @@ def random_skills(
     defaults to rank), named skill-0000, skill-0001, ...; made one at a time, so a large pool never sits in memory."""
     import torch
 
-    from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+    from skillpool.lora.adapter import LoRAAdapter, LoRAFactors
 
     shapes = attention_shapes(config)
     scaling = (alpha if alpha is not None else rank) / rank
@@ -103,7 +103,7 @@ def random_skills(
 
 def save_peft(skills: Iterable[tuple[str, LoRAAdapter]], folder: Path, base_model_id: str) -> list[Path]:
     """Each skill as a PEFT folder folder/NAME (what vLLM's --lora-modules and skillpool's uploads read)."""
-    from skillpool.adapters_store.lora import save_peft_adapter
+    from skillpool.lora.adapter import save_peft_adapter
 
     paths = []
     for name, adapter in skills:
@@ -123,11 +123,11 @@ def write_store(
     router keys from `keys` (default: random unit embeddings; requests that force a skill by name need no more)."""
     import numpy as np
 
-    from skillpool.adapters_store.base_model import resolve_base_model
-    from skillpool.adapters_store.lora import save_peft_adapter
     from skillpool.adapters_store.store import SkillDraft, SkillStore
+    from skillpool.lora.adapter import save_peft_adapter
     from skillpool.router import Router
     from skillpool.router.embedder import SentenceEmbedder
+    from skillpool.runtime.base_model import resolve_base_model
 
     base = resolve_base_model(model)
     store, router = SkillStore(data_dir), Router(SentenceEmbedder(device=embedder_device))

@@ -32,7 +32,7 @@ def make_skills(data_dir: Path, n: int, rank: int, seed: int = 0) -> list[str]:
     keys with a little noise."""
     import torch
 
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     config = json.loads((resolve_base_model().path / "config.json").read_text())
     texts = [[user_text(r) for r in rows(GROUP, t, "train", 200)] for t in TASKS]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 
-from skillpool.adapters_store.base_model import BaseModel, resolve_device
+from skillpool.runtime.base_model import BaseModel, resolve_device
 
 from .embedder import Embedder, SentenceEmbedder
 from .modes import mode_class

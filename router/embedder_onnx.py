@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from skillpool.adapters_store.base_model import cache_dir
+from skillpool.runtime.base_model import cache_dir
 
 from .embedder import embed_in_batches, packaged_minilm_path
 

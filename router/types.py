@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from skillpool.adapters_store.mix import Mix, format_pairs
+from skillpool.lora.mix import Mix, format_pairs
 
 from .demand import DemandSettings
 from .dtkr import DTKRSettings

@@ -9,11 +9,11 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from skillpool.adapters_store.base_model import BaseModel, resolve_base_model, resolve_device
-from skillpool.adapters_store.dtype import resolve_dtype
 from skillpool.adapters_store.store import open_store
 from skillpool.router.build import make_embedder, make_router
 from skillpool.router.embedder import Embedder
+from skillpool.runtime.base_model import BaseModel, resolve_base_model, resolve_device
+from skillpool.runtime.dtype import resolve_dtype
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.service import SkillTrainer, announcer, make_event_bus, make_job_queue, make_runner
 

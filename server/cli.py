@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from skillpool.trainer.service import add_threads_argument, set_threads
+from skillpool.runtime.threads import add_threads_argument, set_threads
 
 from .config import ServerConfig
 
@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from skillpool.adapters_store.objects import StoreUnavailable
-    from skillpool.adapters_store.openmp import in_own_thread
+    from skillpool.runtime.openmp import in_own_thread
 
     from .app import create_app
     from .auth import KeyFileError, KeyRing

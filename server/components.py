@@ -10,9 +10,9 @@ from functools import cached_property
 
 from fastapi import Request
 
-from skillpool.adapters_store.base_model import BaseModel
 from skillpool.adapters_store.store import SkillStore
 from skillpool.router import Router
+from skillpool.runtime.base_model import BaseModel
 from skillpool.trainer.service import JobQueue, SkillEventBus
 
 from .config import ServerConfig

@@ -20,9 +20,9 @@ from typing import Any
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from skillpool.adapters_store.disk_cache import DEFAULT_CACHE_BYTES, cache_size
-from skillpool.adapters_store.dtype import DTYPES
 from skillpool.router import RouterSettings
 from skillpool.router.flags import add_router_flags, router_settings
+from skillpool.runtime.dtype import DTYPES
 from skillpool.trainer.service import DEFAULT_PREFIX
 
 from .engines import ENGINES

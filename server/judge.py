@@ -10,8 +10,8 @@ import itertools
 import threading
 from collections.abc import Callable, Sequence
 
-from skillpool.adapters_store.lora import LoRAAdapter
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.adapter import LoRAAdapter
+from skillpool.lora.mix import Mix
 from skillpool.trainer.service import Prompt
 
 from .engines import Engine, EngineEvent, EngineRequest, SamplingParams

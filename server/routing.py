@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from skillpool.adapters_store.mix import Mix
-from skillpool.adapters_store.openmp import as_helper_thread
+from skillpool.lora.mix import Mix
 from skillpool.router import Decision, Router
+from skillpool.runtime.openmp import as_helper_thread
 
 from .engines import EngineBusy
 from .metrics import Metrics

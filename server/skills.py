@@ -13,10 +13,10 @@ import time
 
 from prometheus_client import Gauge
 
-from skillpool.adapters_store.base_model import BaseModel
-from skillpool.adapters_store.mix import Mix
 from skillpool.adapters_store.store import SkillRecord, SkillStore, StoreUnavailable
+from skillpool.lora.mix import Mix
 from skillpool.router import Features, Router
+from skillpool.runtime.base_model import BaseModel
 from skillpool.trainer.events import Resync, SkillActivated, SkillEvent, SkillRegistered, SkillRetired
 
 from .engines import Engine

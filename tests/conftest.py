@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from skillpool.adapters_store.openmp import set_openmp_defaults
+from skillpool.runtime.openmp import set_openmp_defaults
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 set_openmp_defaults()  # as `skillpool` sets them, before torch loads
 # every engine, trainer and server the tests start computes in float32 unless a test asks for bf16: `auto` would
-# pick bf16 on some CPUs and not on others (adapters_store/dtype.py)
+# pick bf16 on some CPUs and not on others (runtime/dtype.py)
 os.environ.setdefault("SKILLPOOL_DTYPE", "float32")
 
 
@@ -74,7 +74,7 @@ def dataset_dir(group: str, task: str) -> Path:
 @pytest.fixture(scope="session")
 def smollm() -> object:
     """The real packaged SmolLM2 (converted once into the cache)."""
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     return resolve_base_model()
 
@@ -84,7 +84,7 @@ def make_tiny_base(smollm, folder, max_positions: int = 512):  # type: ignore[no
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from skillpool.adapters_store.base_model import BaseModel, fingerprint_dir
+    from skillpool.runtime.base_model import BaseModel, fingerprint_dir
 
     tok = AutoTokenizer.from_pretrained(str(smollm.path))
     torch.manual_seed(0)

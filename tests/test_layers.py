@@ -1,4 +1,4 @@
-"""Layer contracts: adapters_store <- router <- trainer <- server <- evaluation <- cli (the dispatcher), read from
+"""Layer contracts: runtime <- lora <- adapters_store <- router <- trainer <- server <- evaluation <- cli (the dispatcher), read from
 the source (function-level imports included), and `skillpool worker` loads no `skillpool.server` module."""
 
 from __future__ import annotations
@@ -10,7 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = ["adapters_store", "router", "trainer", "server", "evaluation", "cli"]  # each may import only leftwards
+LAYERS = [
+    "runtime",
+    "lora",
+    "adapters_store",
+    "router",
+    "trainer",
+    "server",
+    "evaluation",
+    "cli",
+]  # each may import only leftwards
 
 
 def _module_file(module: str) -> Path | None:

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from skillpool.adapters_store.dtype import DTYPES
+from skillpool.runtime.dtype import DTYPES
 
 METHODS = ("isolated", "sapt", "kif")  # each name has its class in trainer/methods (which checks a job's method)
 DEFAULT_METHOD = "isolated"
@@ -48,7 +48,7 @@ class TrainConfig:
     # smaller batches fit without it and pay the most for it (docs/design/decisions.md#gradient-checkpointing-auto)
     gradient_checkpointing: str = "auto"
     # what the forward and backward multiply in (the loss, the LoRA weights and AdamW's state stay float32):
-    # "auto" is the trainer's --dtype, itself bf16 on a CPU with bf16 arithmetic (adapters_store/dtype.py)
+    # "auto" is the trainer's --dtype, itself bf16 on a CPU with bf16 arithmetic (runtime/dtype.py)
     dtype: str = "auto"
     warmup_ratio: float = 0.06
     weight_decay: float = 0.0

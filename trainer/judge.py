@@ -2,7 +2,7 @@
 
 A server's trainer judges a new skill with the serving engine itself (`skillpool.server.judge`), so a
 skill is scored by the same code that will serve it; a Redis worker, which has no serving engine, uses
-`LocalJudge`: its own model copy with the same per-row mix math (adapters_store.lora_bank) and transformers'
+`LocalJudge`: its own model copy with the same per-row mix math (lora.bank) and transformers'
 greedy decoding.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from skillpool.adapters_store.lora import LoRAAdapter
-from skillpool.adapters_store.lora_bank import LoRABank
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.adapter import LoRAAdapter
+from skillpool.lora.bank import LoRABank
+from skillpool.lora.mix import Mix
 
 from .scoring import generate_greedy
 

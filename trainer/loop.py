@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from skillpool.adapters_store.dtype import resolve_dtype
+from skillpool.runtime.dtype import resolve_dtype
 
 from .attention import float32_attention
 from .frozen import frozen_linears_in
@@ -76,7 +76,7 @@ class Schedule:
     checkpointing: bool | None = None
     checkpoint_tokens: int = 2048
     # what the forward and backward multiply in, as TrainConfig's dtype names it (None: the process's setting,
-    # adapters_store/dtype.py); bfloat16 runs them under autocast, the loss, weights and AdamW staying float32
+    # runtime/dtype.py); bfloat16 runs them under autocast, the loss, weights and AdamW staying float32
     dtype: str | None = "float32"
 
 

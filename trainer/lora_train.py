@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from skillpool.adapters_store.dropout import use_fast_dropout
+from skillpool.lora.dropout import use_fast_dropout
 
 from .config import CHECKPOINTING, TrainConfig
 from .loop import Encoded, Method, Progress, Schedule, TrainLoop

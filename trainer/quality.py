@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from skillpool.adapters_store.mix import Mix
 from skillpool.adapters_store.store import SkillRecord
+from skillpool.lora.mix import Mix
 from skillpool.router import Router
 
 from .config import TrainConfig

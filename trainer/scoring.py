@@ -7,8 +7,8 @@ import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from skillpool.adapters_store.lora_bank import LoRABank
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.bank import LoRABank
+from skillpool.lora.mix import Mix
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

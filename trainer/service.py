@@ -24,7 +24,6 @@ from .keys import DEFAULT_PREFIX
 from .methods import method_error
 from .records import TERMINAL, Example, JobStatus
 from .skill_trainer import SkillTrainer
-from .threads import add_threads_argument, set_threads
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -41,7 +40,6 @@ __all__ = [
     "SkillTrainer",
     "TrainingMetrics",
     "TrainingObserver",
-    "add_threads_argument",
     "announcer",
     "describe",
     "make_event_bus",
@@ -49,7 +47,6 @@ __all__ = [
     "make_runner",
     "method_error",
     "new_job_id",
-    "set_threads",
 ]
 
 

@@ -16,11 +16,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from skillpool.adapters_store.base_model import BaseModel, resolve_device
-from skillpool.adapters_store.dtype import dtype_name, resolve_dtype
-from skillpool.adapters_store.lora import load_peft_adapter
 from skillpool.adapters_store.store import SkillDraft, SkillRecord, SkillStore
+from skillpool.lora.adapter import load_peft_adapter
 from skillpool.router import Router
+from skillpool.runtime.base_model import BaseModel, resolve_device
+from skillpool.runtime.dtype import dtype_name, resolve_dtype
 
 from .config import TrainConfig
 from .judge import Judge, LocalJudge

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 
 from ..errors import APIError
 from ..routing import Target

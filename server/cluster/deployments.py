@@ -22,10 +22,10 @@ from typing import Any
 
 from ray import serve
 
-from skillpool.adapters_store.base_model import resolve_base_model, resolve_device
-from skillpool.adapters_store.openmp import openmp_defaults
 from skillpool.adapters_store.store import SkillStore, open_store
-from skillpool.trainer.service import add_threads_argument, set_threads
+from skillpool.runtime.base_model import resolve_base_model, resolve_device
+from skillpool.runtime.openmp import openmp_defaults
+from skillpool.runtime.threads import add_threads_argument, set_threads
 
 from ..config import ServerConfig
 from ..engines import Engine, EngineEvent

@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from skillpool.adapters_store.lora import LoRAAdapter
 from skillpool.adapters_store.store import SkillStore
+from skillpool.lora.adapter import LoRAAdapter
 
 from ..engines import Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, RequestTooLarge
 from ..engines.protocol import AdapterLoader

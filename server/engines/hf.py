@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skillpool.adapters_store.base_model import resolve_device
-from skillpool.adapters_store.lora_bank import LoRABank
 from skillpool.adapters_store.objects import StoreUnavailable
-from skillpool.adapters_store.openmp import as_compute_thread
+from skillpool.lora.bank import LoRABank
+from skillpool.runtime.base_model import resolve_device
+from skillpool.runtime.openmp import as_compute_thread
 
 from .detokenize import TextStream
 from .kv import KVBatch, cache_keyword, kv_dtype
@@ -189,7 +189,7 @@ class HFEngine(Prefill, StreamsEvents):
     @torch.inference_mode()  # everything the thread touches (KV, adapter stacks) stays an inference tensor
     def _loop(self) -> None:
         lower_priority(self.nice)
-        as_compute_thread()  # whatever helper threads lowered torch's default to (adapters_store/openmp.py)
+        as_compute_thread()  # whatever helper threads lowered torch's default to (runtime/openmp.py)
         try:
             while True:
                 self._beat = time.monotonic()

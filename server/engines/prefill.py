@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from skillpool.adapters_store.lora_bank import LoRABank
+from skillpool.lora.bank import LoRABank
 
 from .kv import KVBatch, growing_cache
 from .kv_budget import KVBudget

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 
 BLOCK = 16  # tokens per cached block (vLLM's default block size)
 

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from skillpool.adapters_store.lora import LoRAAdapter
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.adapter import LoRAAdapter
+from skillpool.lora.mix import Mix
 
 # vLLM's _SAMPLING_EPS: a lower temperature is greedy (dividing logits by it would overflow to inf, then NaN)
 SAMPLING_EPS = 1e-5

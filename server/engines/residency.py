@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from skillpool.adapters_store.lora_bank import LoRABank
+from skillpool.lora.bank import LoRABank
 
 from .protocol import AdapterLoader, Mix
 from .slru import SegmentedLRU

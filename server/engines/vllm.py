@@ -3,7 +3,7 @@
 On a vLLM the vllm_mix plugin supports, mixes are exact: each skill is one resident LoRA slot (vllm_mix/slots.py)
 and a request carries its (slot, weight) pairs into vLLM's LoRA layers (docs/design/vllm-mix-plugin.md). Otherwise (the
 fallback) vLLM serves one LoRA per request and no weighted mix, so each request's mix becomes one concatenated LoRA
-(adapters_store/concat.py), planned and cached by vllm_adapters.py: weights on a 1/16 grid, one folder per distinct
+(lora/concat.py), planned and cached by vllm_adapters.py: weights on a 1/16 grid, one folder per distinct
 plan with a never-reused LoRA id, held while requests use it. AsyncLLM lives on its own event loop in a
 thread of ours: `submit` may be called from any thread (the API's loop, the quality gate's thread), and
 closing a request's task is vLLM's abort.
@@ -26,12 +26,12 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
-from skillpool.adapters_store.base_model import resolve_device
-from skillpool.adapters_store.concat import adapter_rank, write_concat, zero_adapter
+from skillpool.lora.concat import adapter_rank, zero_adapter
+from skillpool.runtime.base_model import resolve_device
 
 from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, StreamsEvents
 from .rows import Sink
-from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix
+from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix, write_concat
 from .vllm_args import RANKS, cpu_defaults, engine_args
 from .vllm_mix import plugin
 from .vllm_mix.slots import Resident, SkillSlots

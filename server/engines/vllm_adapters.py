@@ -3,7 +3,7 @@
 A routing decision [(skill, w)] becomes a `MixPlan`: weights rounded to a 1/16 grid (so near-equal mixes share
 one adapter), a skill holding >= 90% of the weight alone (the design: keep distinct adapters in flight few),
 skills beyond the engine's rank budget dropped (smallest weight first, the rest renormalized,
-`capped` says so). Each distinct plan is one concatenated LoRA folder (adapters_store/concat.py) with its own
+`capped` says so). Each distinct plan is one concatenated LoRA folder (lora/concat.py) with its own
 LoRA id and name, held while requests use it and evicted least-recently-used after. Ids and names are never
 reused: vLLM keys its adapter and prefix caches on them, so a reused id would serve stale weights.
 """
@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from skillpool.adapters_store.concat import adapter_rank, concat_mix, write_concat
-from skillpool.adapters_store.lora import LoRAAdapter
+from skillpool.adapters_store.diskio import temp_path
+from skillpool.lora.adapter import LoRAAdapter, save_peft_adapter
+from skillpool.lora.concat import adapter_rank, concat_mix
 
 from .protocol import AdapterLoader
 
@@ -166,3 +167,25 @@ class MixCache:
     @property
     def held(self) -> int:
         return sum(1 for e in self._entries.values() if e.refs > 0)
+
+
+def target_names(adapter: LoRAAdapter) -> list[str]:
+    """PEFT target_modules for these paths: their last names (q_proj, ...), which match every layer's module."""
+    return sorted({p.rsplit(".", 1)[-1] for p in adapter.modules})
+
+
+def write_concat(adapter: LoRAAdapter, folder: Path, base_model_id: str) -> None:
+    """Save a scaling-1 adapter (from concat_mix or zero_adapter) as a PEFT folder: r = lora_alpha = R, no rsLoRA."""
+    ranks = {f.rank for f in adapter.modules.values()}
+    if len(ranks) != 1 or any(f.scaling != 1.0 for f in adapter.modules.values()):
+        raise ValueError("write_concat takes one rank and scaling 1 (what concat_mix builds)")
+    (rank,) = ranks
+    # written beside and renamed in: a folder that exists is whole (vLLM's slots reuse one by its name)
+    tmp = temp_path(folder)
+    try:
+        save_peft_adapter(adapter, tmp, base_model_id, alpha=float(rank), target_modules=target_names(adapter))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

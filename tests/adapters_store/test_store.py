@@ -114,7 +114,7 @@ def test_good_names_pass(good: str) -> None:
 
 
 def test_local_model_dir_is_resolved_and_fingerprinted(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     bm = resolve_base_model(tiny_base.path)
     assert bm.path == tiny_base.path and bm.model_id == tiny_base.path.name and bm.fingerprint == tiny_base.fingerprint
@@ -123,7 +123,7 @@ def test_local_model_dir_is_resolved_and_fingerprinted(tiny_base, tmp_path: Path
 
 
 def test_packaged_default_model_is_converted_once(smollm) -> None:  # type: ignore[no-untyped-def]
-    from skillpool.adapters_store.base_model import resolve_base_model
+    from skillpool.runtime.base_model import resolve_base_model
 
     assert smollm.model_id == "SmolLM2-135M-Instruct"
     assert (smollm.path / "model.safetensors").is_file() and (smollm.path / "tokenizer.json").is_file()

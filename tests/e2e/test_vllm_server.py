@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineRequest, SamplingParams
 from tests.conftest import dataset_dir
 

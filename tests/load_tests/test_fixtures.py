@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from load_tests.fixtures import attention_shapes, dummy_model, random_skills, save_peft, write_store
-from skillpool.adapters_store.base_model import WEIGHT_SUFFIXES, BaseModel
-from skillpool.adapters_store.lora import LoRAAdapter, load_peft_adapter
+from skillpool.lora.adapter import LoRAAdapter, load_peft_adapter
+from skillpool.runtime.base_model import WEIGHT_SUFFIXES, BaseModel
 
 # grouped-query attention, so k and v differ from q in width
 SHAPE = dict(

@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from skillpool.adapters_store.lora import LoRAAdapter
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.adapter import LoRAAdapter
+from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineBusy, EngineEvent, EngineRequest, SamplingParams
 from skillpool.server.engines.hf import HFEngine
-from tests.adapters_store.test_lora import random_adapter
+from tests.lora.test_adapter import random_adapter
 
 _ids = itertools.count()
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from skillpool.adapters_store.lora import LoRAAdapter
+from skillpool.lora.adapter import LoRAAdapter
 from skillpool.server.engines import EngineDead, EngineRequest, SamplingParams
 from skillpool.server.engines.hf import HFEngine
 from tests.server.test_engine import Run, adapter, make_engine, run

@@ -7,7 +7,7 @@ import time
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 from skillpool.server.engines.hf import HFEngine
 from skillpool.server.judge import EngineJudge
 from skillpool.trainer.judge import LocalJudge

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineEvent, EngineRequest, RequestTooLarge, SamplingParams
 from skillpool.server.engines.hf import HFEngine
 from skillpool.server.engines.kv import SPARE

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 from skillpool.server.engines.hf import HFEngine
 from skillpool.server.engines.prefix import BLOCK, PrefixCache
 from tests.server.test_engine import make_engine, run

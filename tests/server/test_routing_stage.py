@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 from skillpool.router import Decision, Router
 from skillpool.server.engines import EngineBusy
 from skillpool.server.metrics import Metrics

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, load_peft_adapter, mix_delta
-from skillpool.server.engines.vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix, round_to_grid
+from skillpool.lora.adapter import (
+    PEFT_CONFIG,
+    LoRAAdapter,
+    LoRAFactors,
+    load_peft_adapter,
+    mix_delta,
+    save_peft_adapter,
+)
+from skillpool.lora.bank import LoRABank
+from skillpool.lora.concat import concat_mix, zero_adapter
+from skillpool.server.engines.vllm_adapters import (
+    MixAdapter,
+    MixCache,
+    MixPlan,
+    plan_mix,
+    round_to_grid,
+    write_concat,
+)
+from tests.lora.test_adapter import TARGETS, random_adapter, tiny_llama
+from tests.lora.test_concat import three_skills
 
 
 def adapter(seed: int, rank: int = 2) -> LoRAAdapter:
@@ -105,3 +124,82 @@ def test_a_retired_skill_version_drops_its_idle_adapters(tmp_path: Path) -> None
     assert [e.name for e in evicted] == ["mix-2"] and len(cache) == 1  # the held one finishes its requests
     with pytest.raises(ValueError):
         cache.acquire(MixPlan(()))
+
+
+def test_folder_reloads_with_plain_peft_and_matches_our_mix_layer(tmp_path: Path) -> None:
+    from peft import PeftModel
+
+    model, mix = three_skills()
+    write_concat(concat_mix(mix), tmp_path / "mix", "tiny")
+    cfg = json.loads((tmp_path / "mix" / PEFT_CONFIG).read_text())
+    assert cfg["r"] == cfg["lora_alpha"] == 14 and cfg["use_rslora"] is False
+    x = torch.randint(0, 97, (2, 9))
+
+    bank = LoRABank(model)  # our own per-row mix layer, on the original three skills
+    for i, (a, _) in enumerate(mix):
+        bank.add(f"s{i}", a)
+    with torch.no_grad(), bank.mixed([[(f"s{i}", w) for i, (_, w) in enumerate(mix)]] * 2):
+        ours = model(x).logits
+    bank.deactivate()
+    with torch.no_grad():
+        base = model(x).logits
+
+    # PEFT on a fresh copy of the same base weights
+    fresh = tiny_llama()
+    peft = PeftModel.from_pretrained(fresh, str(tmp_path / "mix")).eval()
+    with torch.no_grad():
+        theirs = peft(x).logits
+    assert (ours - base).abs().max() > 1e-2  # the mix changes the output, so the comparison means something
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_rslora_source_still_gives_the_exact_delta(tmp_path: Path) -> None:
+    """PEFT's add_weighted_adapter("cat") copies use_rslora from the first adapter and rescales; we must not."""
+    model = tiny_llama()
+    src = random_adapter(model, rank=4, alpha=8, seed=5)
+    save_peft_adapter(src, tmp_path / "plain", "tiny", alpha=8, target_modules=TARGETS)
+    cfg_path = tmp_path / "plain" / PEFT_CONFIG
+    cfg = json.loads(cfg_path.read_text())
+    cfg["use_rslora"] = True  # the same tensors, now scaled alpha / sqrt(r) = 4 instead of alpha / r = 2
+    cfg_path.write_text(json.dumps(cfg))
+    rs = load_peft_adapter(tmp_path / "plain")
+    other = random_adapter(model, rank=2, alpha=2, seed=6)
+    mix = [(rs, 0.75), (other, 0.25)]
+    write_concat(concat_mix(mix), tmp_path / "mix", "tiny")
+    back = load_peft_adapter(tmp_path / "mix")
+    written = json.loads((tmp_path / "mix" / PEFT_CONFIG).read_text())
+    assert written["use_rslora"] is False and written["r"] == written["lora_alpha"] == 6
+    for path, f in back.modules.items():
+        assert f.scaling == 1.0
+        want = 0.75 * 4.0 * (src.modules[path].B @ src.modules[path].A) + 0.25 * other.modules[path].delta()
+        torch.testing.assert_close(f.delta(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_zero_adapter_folder_loads_with_zero_delta(tmp_path: Path) -> None:
+    z = zero_adapter(random_adapter(tiny_llama(), rank=2, alpha=2, seed=7))
+    write_concat(z, tmp_path / "zero", "tiny")
+    for f in load_peft_adapter(tmp_path / "zero").modules.values():
+        assert f.rank == 1 and not f.delta().any()
+
+
+def test_a_write_that_fills_the_disk_leaves_no_folder_and_keeps_a_whole_one(tmp_path: Path) -> None:
+    from tests.disk import fill, small_tmpfs, temp_leftovers
+
+    model = tiny_llama()
+    cat = concat_mix([(random_adapter(model, rank=4, alpha=8, seed=1), 1.0)])
+    with small_tmpfs(tmp_path / "disk", "1m") as disk:
+        write_concat(cat, disk / "kept", "tiny")  # a whole folder, then rewritten in place (the zero adapter is)
+        write_concat(concat_mix([(random_adapter(model, rank=2, alpha=2, seed=2), 1.0)]), disk / "kept", "tiny")
+        kept = load_peft_adapter(disk / "kept")
+        assert {f.rank for f in kept.modules.values()} == {2}
+        ballast = fill(disk)
+        with pytest.raises(OSError):
+            write_concat(cat, disk / "new", "tiny")
+        with pytest.raises(OSError):
+            write_concat(cat, disk / "kept", "tiny")
+        assert not (disk / "new").exists() and temp_leftovers(disk) == []  # nothing half-written to load later
+        again = load_peft_adapter(disk / "kept")  # the earlier folder is untouched
+        assert all(torch.equal(again.modules[p].B, f.B) for p, f in kept.modules.items())
+        ballast.unlink()
+        write_concat(cat, disk / "new", "tiny")  # with room again, the same write succeeds
+        assert {f.rank for f in load_peft_adapter(disk / "new").modules.values()} == {4}

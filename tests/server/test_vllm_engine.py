@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.adapter import LoRAAdapter, LoRAFactors
+from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineEvent, EngineRequest, SamplingParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineEvent, EngineRequest, SamplingParams
 
 from .test_vllm_engine import PROMPTS, skill_adapter

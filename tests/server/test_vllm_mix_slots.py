@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+from skillpool.lora.adapter import LoRAAdapter, LoRAFactors
 from skillpool.server.engines.vllm_mix.slots import Resident, SkillSlots
 
 

@@ -16,7 +16,7 @@ import skillpool.trainer.loop as loop_module
 from skillpool.trainer.frozen import frozen_linears_in
 from skillpool.trainer.loop import Method, TrainLoop
 from skillpool.trainer.lora_train import add_lora
-from tests.adapters_store.test_lora import tiny_llama
+from tests.lora.test_adapter import tiny_llama
 from tests.trainer.test_loop import SCHEDULE, examples, trainable
 
 BF16 = replace(SCHEDULE, dtype="bfloat16")

@@ -20,7 +20,7 @@ from skillpool.trainer.loop import (
     set_checkpointing,
 )
 from skillpool.trainer.lora_train import add_lora
-from tests.adapters_store.test_lora import tiny_llama
+from tests.lora.test_adapter import tiny_llama
 
 SCHEDULE = Schedule(epochs=1.5, batch_size=3, learning_rate=1e-2, seed=4, warmup_ratio=0.25)
 

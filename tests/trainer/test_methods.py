@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skillpool.adapters_store.lora import load_peft_adapter
 from skillpool.adapters_store.store import SkillStore
+from skillpool.lora.adapter import load_peft_adapter
 from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
 from skillpool.trainer.config import METHODS, TrainConfig
 from skillpool.trainer.loop import Progress

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from skillpool.adapters_store.openmp import in_own_thread
 from skillpool.adapters_store.store import SkillRecord
+from skillpool.runtime.openmp import in_own_thread
 
 from ..config import TrainConfig
 from ..heap import release_freed_memory
@@ -152,7 +152,7 @@ def run_job(
             save(job)
 
     try:
-        # a thread of its own: torch's thread pool ends with the job (adapters_store/openmp.py)
+        # a thread of its own: torch's thread pool ends with the job (runtime/openmp.py)
         record = in_own_thread(lambda: runner(job, examples, cfg, progress, should_stop), "skillpool-training")
     except Cancelled:
         finish(job, JobStatus.CANCELLED, None, None)

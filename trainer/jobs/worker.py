@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 from skillpool.adapters_store.disk_cache import DEFAULT_CACHE_BYTES, cache_size
-from skillpool.adapters_store.dtype import DTYPE_SETTING, DTYPES
 from skillpool.router.flags import add_router_flags, router_settings
+from skillpool.runtime.dtype import DTYPE_SETTING, DTYPES
+from skillpool.runtime.threads import add_threads_argument, set_threads
 
 from ..keys import DEFAULT_PREFIX
-from ..threads import add_threads_argument, set_threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
 
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from skillpool.adapters_store.base_model import resolve_base_model
     from skillpool.adapters_store.store import StoreUnavailable, open_store
     from skillpool.router.build import make_router
+    from skillpool.runtime.base_model import resolve_base_model
 
     from ..bus import RedisEventBus, announcer
     from ..skill_trainer import SkillTrainer

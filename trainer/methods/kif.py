@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from skillpool.adapters_store.lora import LoRAAdapter
+from skillpool.lora.adapter import LoRAAdapter
 
 from ..loop import Encoded, Method, Progress, ProgressMeter, Schedule, TrainLoop
 from ..lora_train import encode_example, pad_id, schedule_of

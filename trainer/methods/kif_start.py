@@ -10,8 +10,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from skillpool.adapters_store.lora import LoRAAdapter, mix_delta
 from skillpool.adapters_store.store import SkillRecord
+from skillpool.lora.adapter import LoRAAdapter, mix_delta
 from skillpool.router import Router
 
 from ..loop import Encoded, answer_loss, collate

@@ -3,7 +3,7 @@ blocks. It needs the router in sapt mode: serving then mixes blocks with that sa
 
 While block t trains, every target Linear computes y = W x + Σ_i w_i · s_i · B_i A_i x over blocks 0..t,
 with w = softmax(key · q / (√d · T)) from the query projector over the pooled prompt embeddings: the
-same mixed layer serving applies (adapters_store.mixed_layer), so forward transfer from earlier blocks is
+same mixed layer serving applies (lora.mixed_layer), so forward transfer from earlier blocks is
 learned through it. Trainable: block t, its key and (a copy of) the projector; earlier blocks and keys
 stay frozen. Loss = answer loss of the mixed model + route_weight · CE(logits, t) (the router signal
 `SAPTState.learn` uses alone) + λ · ARM (earlier skills' attention kept in place, as in `learn`).
@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, save_peft_adapter
-from skillpool.adapters_store.training_mix import WeightedMix, weighted_mix
+from skillpool.lora.adapter import LoRAAdapter, LoRAFactors, save_peft_adapter
+from skillpool.lora.training_mix import WeightedMix, weighted_mix
 from skillpool.router.sapt import QueryProjector, SAPTState, TokenPooler
 
 from ..config import TrainConfig

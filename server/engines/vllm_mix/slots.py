@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skillpool.adapters_store.concat import concat_mix, write_concat
+from skillpool.lora.concat import concat_mix
 
 from ..protocol import AdapterLoader
 from ..slru import SegmentedLRU
+from ..vllm_adapters import write_concat
 from .tables import MIX_KEY
 
 log = logging.getLogger(__name__)

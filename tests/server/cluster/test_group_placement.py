@@ -18,7 +18,7 @@ pytest.importorskip("ray", reason="the cluster extra: pip install -e .[cluster]"
 import ray  # noqa: E402
 
 from load_tests.bench_ray_placement import Deployment, one, write_skills  # noqa: E402
-from skillpool.adapters_store.base_model import resolve_base_model  # noqa: E402
+from skillpool.runtime.base_model import resolve_base_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SKILLS, SIZE = 48, 8

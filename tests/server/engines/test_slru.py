@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from skillpool.adapters_store.mix import Mix
+from skillpool.lora.mix import Mix
 from skillpool.server.engines.residency import SkillResidency
 from skillpool.server.engines.slru import SegmentedLRU
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors
+from skillpool.lora.adapter import LoRAAdapter, LoRAFactors
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.loop import Cancelled, Progress, Schedule, TrainLoop, answer_loss, collate
 from skillpool.trainer.lora_train import add_lora, encode_example, fit, pad_id

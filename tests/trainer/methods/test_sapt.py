@@ -11,16 +11,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from skillpool.adapters_store.lora import LoRAAdapter, load_peft_adapter, save_peft_adapter
-from skillpool.adapters_store.lora_bank import LoRABank
-from skillpool.adapters_store.mixed_layer import MixedLoRALinear
-from skillpool.adapters_store.training_mix import weighted_mix
+from skillpool.lora.adapter import LoRAAdapter, load_peft_adapter, save_peft_adapter
+from skillpool.lora.bank import LoRABank
+from skillpool.lora.mixed_layer import MixedLoRALinear
+from skillpool.lora.training_mix import weighted_mix
 from skillpool.router.sapt import SAPTSettings, SAPTState, TokenPooler
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.loop import Cancelled, Progress, answer_loss, checkpointing_active, collate
 from skillpool.trainer.lora_train import encode_example, pad_id
 from skillpool.trainer.methods.sapt import new_block, train_attentive
-from tests.adapters_store.test_lora import tiny_llama
+from tests.lora.test_adapter import tiny_llama
 
 # the tiny random LLaMA learns slowly (near-uniform logits, embeddings of std 0.02): large rates, few steps
 CFG = TrainConfig(

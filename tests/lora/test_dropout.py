@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from skillpool.adapters_store.dropout import LEVELS, Dropout, dropout, use_fast_dropout
+from skillpool.lora.dropout import LEVELS, Dropout, dropout, use_fast_dropout
 from skillpool.trainer.lora_train import add_lora
-from tests.adapters_store.test_lora import tiny_llama
+from tests.lora.test_adapter import tiny_llama
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5])

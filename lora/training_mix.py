@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .adapter import LoRAAdapter, LoRAFactors
 from .dropout import dropout as lora_dropout
-from .lora import LoRAAdapter, LoRAFactors
 from .mixed_layer import MixedLoRALinear, Plan, install
 
 

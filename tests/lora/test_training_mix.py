@@ -9,11 +9,11 @@ import copy
 import torch
 from torch import nn
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, mix_delta
-from skillpool.adapters_store.lora_bank import LoRABank
-from skillpool.adapters_store.mixed_layer import MixedLoRALinear
-from skillpool.adapters_store.training_mix import weighted_mix
-from tests.adapters_store.test_lora import random_adapter, tiny_llama
+from skillpool.lora.adapter import LoRAAdapter, LoRAFactors, mix_delta
+from skillpool.lora.bank import LoRABank
+from skillpool.lora.mixed_layer import MixedLoRALinear
+from skillpool.lora.training_mix import weighted_mix
+from tests.lora.test_adapter import random_adapter, tiny_llama
 
 
 def test_weighted_mix_equals_the_dense_mix_per_row() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from skillpool.adapters_store import openmp
+from skillpool.runtime import openmp
 
 
 @pytest.mark.parametrize(

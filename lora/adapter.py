@@ -1,6 +1,6 @@
 """LoRA factors, PEFT adapter files, and the dense reference of a mix  Σ_i w_i · s_i · B_i A_i.
 
-Applying mixes to a model: the one mixed layer (mixed_layer.py), serving's LoRABank (lora_bank.py, with its
+Applying mixes to a model: the one mixed layer (mixed_layer.py), serving's LoRABank (bank.py, with its
 batch plans in batch_plans.py) and training's weighted_mix (training_mix.py); the Mix value itself is mix.py.
 """
 

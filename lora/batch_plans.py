@@ -1,6 +1,6 @@
 """Serving's plans for one batch: each row's weighted blocks per module (`RowBlocks`), in the per-row or the
 shared layout, whichever `shared_is_cheaper` says; packed siblings share one down projection (`SharedShrink`).
-The mixed layer they plug into is mixed_layer.py; `LoRABank` (lora_bank.py) builds them."""
+The mixed layer they plug into is mixed_layer.py; `LoRABank` (bank.py) builds them."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class RowBlocks:
             h = torch.matmul(x3.to(self.A.dtype), self.A.transpose(-1, -2)) * self.scale
         else:
             h = self.shared(x, x3)[:, :, self.cols]
-        if y.dtype != self.Bt.dtype:  # float32 blocks under a bfloat16 model (lora_bank.py): y += delta, rounded once
+        if y.dtype != self.Bt.dtype:  # float32 blocks under a bfloat16 model (bank.py): y += delta, rounded once
             delta = torch.matmul(h, self.Bt)
             return y3.add_(delta).view(y.shape)  # y is the base Linear's fresh output: nothing else holds it
         # the up projection and the add in one op (addmm / baddbmm), as for the base Linear's bias

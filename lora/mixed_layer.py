@@ -6,7 +6,7 @@ projection, each block's intermediate scaled by w_i · s_i, the B's stacked into
 the products B_i A_i this way is exact; averaging A's and B's separately would add cross terms B_i A_j.
 
 Two plans fill that shape (PEFT's `_mixed_batch_forward` and LoRAX's per-row adapter indices are the models):
-- `RowBlocks` (serving: batch_plans.py, filled by lora_bank.py's `LoRABank`), in one of two layouts,
+- `RowBlocks` (serving: batch_plans.py, filled by bank.py's `LoRABank`), in one of two layouts,
   whichever costs less for the batch: per row, each row's own k blocks gathered by slot index (b * k blocks,
   two bmm's per module); or shared, the union of the batch's skills gathered once (U blocks, two plain matrix
   products, each row's weights zero outside its own blocks). The weights scale the rank-sized intermediate
@@ -23,7 +23,7 @@ from typing import Protocol
 
 from torch import Tensor, nn
 
-from .lora import UnsupportedAdapter
+from .adapter import UnsupportedAdapter
 
 
 class Plan(Protocol):

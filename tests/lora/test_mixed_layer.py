@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter
-from skillpool.adapters_store.mixed_layer import MixedLoRALinear
-from skillpool.adapters_store.training_mix import weighted_mix
-from tests.adapters_store.test_lora import tiny_llama
+from skillpool.lora.adapter import LoRAAdapter, LoRAFactors, UnsupportedAdapter
+from skillpool.lora.mixed_layer import MixedLoRALinear
+from skillpool.lora.training_mix import weighted_mix
+from tests.lora.test_adapter import tiny_llama
 
 
 def test_a_non_linear_target_is_unsupported() -> None:

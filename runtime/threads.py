@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from skillpool.adapters_store.openmp import set_compute_threads
+from .openmp import set_compute_threads
 
 
 def add_threads_argument(p: argparse.ArgumentParser) -> None:

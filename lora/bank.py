@@ -10,8 +10,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from .adapter import LoRAAdapter, LoRAFactors, UnsupportedAdapter
 from .batch_plans import PACKED, RowBlocks, shared_is_cheaper, with_shared
-from .lora import LoRAAdapter, LoRAFactors, UnsupportedAdapter
 from .mixed_layer import MixedLoRALinear, install
 
 # One batch row's (skill, weight) pairs: a served Mix's `ranked` pairs, or raw weights (training passes a

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from skillpool.adapters_store.lora import LoRAAdapter, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
-from skillpool.adapters_store.lora_bank import LoRABank
+from skillpool.lora.adapter import LoRAAdapter, LoRAFactors, load_peft_adapter, mix_delta, save_peft_adapter
+from skillpool.lora.bank import LoRABank
 
 TARGETS = ("q_proj", "v_proj", "o_proj")
 

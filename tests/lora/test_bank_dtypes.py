@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from skillpool.adapters_store.lora_bank import LoRABank
-from tests.adapters_store.test_lora import merged_copy, random_adapter, tiny_llama
+from skillpool.lora.bank import LoRABank
+from tests.lora.test_adapter import merged_copy, random_adapter, tiny_llama
 
 
 @pytest.mark.parametrize("rows", [1, 6])  # one row: per-row blocks; six rows over two skills: shared blocks

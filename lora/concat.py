@@ -2,7 +2,7 @@
 
 For a mix [(adapter_i, w_i)], per module:  A = [A_1; ...; A_k]  (rank rows stacked),
 B = [w_1·s_1·B_1, ..., w_k·s_k·B_k]  (columns), rank R = Σ r_i. Then B @ A = Σ w_i s_i B_i A_i exactly: the
-same delta as our own mix layer (lora.py). The folder says r = lora_alpha = R and use_rslora = false, so any
+same delta as our own mix layer (mixed_layer.py). The folder says r = lora_alpha = R and use_rslora = false, so any
 reader's scaling is R / R = 1 and the weights are taken as they are.
 
 Not PEFT's add_weighted_adapter(..., "cat"): it copies use_rslora from the first adapter, so a mix whose first
@@ -11,14 +11,11 @@ skill was trained with rsLoRA would be rescaled by sqrt(R) / R ... silently.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from .diskio import temp_path
-from .lora import LoRAAdapter, LoRAFactors, save_peft_adapter
+from .adapter import LoRAAdapter, LoRAFactors
 
 
 def adapter_rank(adapter: LoRAAdapter) -> int:
@@ -63,25 +60,3 @@ def zero_adapter(like: LoRAAdapter | None, shapes: dict[str, tuple[int, int]] | 
     return LoRAAdapter(
         modules={p: LoRAFactors(torch.zeros(1, i), torch.zeros(o, 1), scaling=1.0) for p, (i, o) in shapes.items()}
     )
-
-
-def target_names(adapter: LoRAAdapter) -> list[str]:
-    """PEFT target_modules for these paths: their last names (q_proj, ...), which match every layer's module."""
-    return sorted({p.rsplit(".", 1)[-1] for p in adapter.modules})
-
-
-def write_concat(adapter: LoRAAdapter, folder: Path, base_model_id: str) -> None:
-    """Save a scaling-1 adapter (from concat_mix or zero_adapter) as a PEFT folder: r = lora_alpha = R, no rsLoRA."""
-    ranks = {f.rank for f in adapter.modules.values()}
-    if len(ranks) != 1 or any(f.scaling != 1.0 for f in adapter.modules.values()):
-        raise ValueError("write_concat takes one rank and scaling 1 (what concat_mix builds)")
-    (rank,) = ranks
-    # written beside and renamed in: a folder that exists is whole (vLLM's slots reuse one by its name)
-    tmp = temp_path(folder)
-    try:
-        save_peft_adapter(adapter, tmp, base_model_id, alpha=float(rank), target_modules=target_names(adapter))
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

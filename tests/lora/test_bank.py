@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 
-from skillpool.adapters_store.batch_plans import shared_is_cheaper
-from skillpool.adapters_store.lora import mix_delta
-from skillpool.adapters_store.lora_bank import LoRABank
-from tests.adapters_store.test_lora import merged_copy, random_adapter, tiny_llama
+from skillpool.lora.adapter import mix_delta
+from skillpool.lora.bank import LoRABank
+from skillpool.lora.batch_plans import shared_is_cheaper
+from tests.lora.test_adapter import merged_copy, random_adapter, tiny_llama
 
 
 def test_mixed_forward_equals_merged_weights_with_different_ranks() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from skillpool.adapters_store.mix import Mix, format_pairs
+from skillpool.lora.mix import Mix, format_pairs
 
 
 def test_pairs_are_sorted_by_skill_and_normalized() -> None:
