@@ -1,5 +1,5 @@
 """The user documentation stays navigable and short: every relative link in README.md and docs/**/*.md points at
-a file that exists and, with a #anchor, at a heading of that file (GitHub's slug rules); docs/ stays at most
+a file that exists and, with a #anchor, at a heading of that file (GitHub's slug rules); every page stays
 within its own line budget (a reader's attention per page, not a total that pages trade against each other)."""
 
 from __future__ import annotations
