@@ -9,7 +9,9 @@ answers     a skill's answers under four wordings of its task (uploaded, paraphr
 run_options the flags and result's config block continual and answers share (training through a server)
 tasks       the one reader of task folders (train.jsonl, test.jsonl), the SKILLPOOL_DATASETS setting and the
             packaged instruction paraphrase sets (paraphrases/)
-upload      `skillpool upload`: send a task file to a running server and follow its job (continual follows too)
+tasks_client the one client of /tasks: upload, follow with progress, wait, cancel (upload, continual, the
+            benchmarks and the end-to-end tests)
+upload      `skillpool upload`: send a task file to a running server and follow its job
 process     start `skillpool serve` as a child process (drivers, benchmarks, end-to-end tests)
 
 It sits on top of the server: it drives the product over HTTP as a user would. Answer scoring (exact match,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,28 +71,22 @@ def _train(
     url: str, gone: Callable[[], str | None], args: argparse.Namespace, cfg: TrainConfig, task: Task, label: str
 ) -> Any:
     """Upload the task's rows to POST /tasks and follow the job to its end: the job's last record."""
-    import httpx
+    from .tasks_client import TasksClient, UploadRefused
 
-    from .upload import follow
-
-    data = {
-        "name": task.name,
-        "method": args.method,
-        "config": json.dumps(cfg.to_dict()),
-        "force": str(args.force).lower(),
-    }
-    r = httpx.post(url + "/tasks", files={"file": (f"{task.name}.jsonl", task.train_body)}, data=data, timeout=300)
-    if r.status_code != 202:
-        raise SystemExit(f"upload of {task.name} refused: {r.status_code} {r.text}")
-    return follow(url, r.json()["id"], label, gone=gone)
+    client = TasksClient(url)
+    try:
+        job = client.upload(task.name, task.train_body, method=args.method, config=cfg.to_dict(), force=args.force)
+    except UploadRefused as e:
+        raise SystemExit(str(e)) from None
+    return client.follow(job["id"], label, gone=gone)
 
 
 def _trained_skills(url: str) -> dict[str, dict[str, Any]]:
     """Skill name → the last job that trained it to the end, from the server's job records (they survive a
     restart): what a cut run finished."""
-    import httpx
+    from .tasks_client import TasksClient
 
-    jobs = httpx.get(url + "/tasks", timeout=60).raise_for_status().json()["data"]
+    jobs = TasksClient(url).jobs()
     done = sorted((j for j in jobs if j["status"] == JobStatus.SUCCEEDED), key=lambda j: j["finished_at"] or 0)
     return {j["skill"]: j for j in done}
 

@@ -53,7 +53,7 @@ class RowBlocks:
     pool (16 rows of k=3 mixes over 10 skills: 10 blocks instead of 48): fewer bytes read per step, and a
     row joining or leaving changes only the scales, where per-row blocks copy b * k blocks of every module
     again (cost in docs/serving.md; the layouts' step time, with and without that churn:
-    load_tests/bench_mix_layout.py). Prefill of different mixes,
+    load_tests/serving/bench_mix_layout.py). Prefill of different mixes,
     where the multiply-adds are, stays per row.
 
     The LoRAX/Punica way: each row multiplies only by its own k blocks, gathered once per batch from the

@@ -5,7 +5,7 @@ pays a wake-up in each of a decode step's hundreds of parallel regions, spinning
 everything else. libgomp spins only ~100 times while more of its threads are alive than there are cores, and a
 thread that ever ran a parallel region keeps its pool until it exits, so only the compute threads (the engine's
 loop, a training job) run torch on several threads; helper threads (the router's MiniLM) run it on one, and a
-training job runs in a thread of its own that ends with the job. Measured: load_tests/bench_omp_wait.py.
+training job runs in a thread of its own that ends with the job. Measured: load_tests/probes/bench_omp_wait.py.
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ class ServerConfig:
     vllm_load_format: str | None = option(
         None,
         "vllm: vLLM's load_format, passed through (dummy: random weights of the model folder's config.json, no "
-        "checkpoint files needed; for benchmarks, e.g. load_tests/gpu_acceptance.py)",
+        "checkpoint files needed; for benchmarks, e.g. load_tests/gpu/gpu_acceptance.py)",
     )
     default_max_tokens: int = option(512, "max_tokens of a request that gives none (at most the context left)")
     max_upload_bytes: int = option(50 * 2**20, "dataset uploads beyond this (MiB): 413", "--max-upload-mb", per=2**-20)

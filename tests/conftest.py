@@ -60,17 +60,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def dataset_dir(group: str, task: str) -> Path:
-    """<datasets>/<group>/<task>; skips the test with a message naming SKILLPOOL_DATASETS when it is unset or lacks
-    the folder."""
-    from skillpool.evaluation.tasks import dataset_folder
-
-    try:
-        return dataset_folder(group, task)
-    except ValueError as e:
-        pytest.skip(f"benchmark data: {e}")
-
-
 @pytest.fixture(scope="session")
 def smollm() -> object:
     """The real packaged SmolLM2 (converted once into the cache)."""
@@ -117,14 +106,6 @@ def embedder():  # type: ignore[no-untyped-def]
     from skillpool.router.embedder import SentenceEmbedder
 
     return SentenceEmbedder()
-
-
-def read_task(group: str, task: str, split: str, limit: int | None = None) -> list[dict]:
-    from skillpool.trainer.datasets import parse_jsonl
-
-    data = (dataset_dir(group, task) / f"{split}.jsonl").read_bytes()
-    examples = parse_jsonl(data)
-    return examples[:limit] if limit else examples
 
 
 def wait_job(client, job_id: str, timeout: float = 300) -> dict:  # type: ignore[no-untyped-def]
@@ -191,11 +172,6 @@ def redis_url(tmp_path_factory):  # type: ignore[no-untyped-def]
     yield url
     proc.terminate()
     proc.wait(timeout=10)
-
-
-def sst2_lines(n: int) -> bytes:
-    """The first n lines of the shared sst-2 training file, as uploaded."""
-    return b"\n".join((dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()[:n])
 
 
 def strict(obj: Any) -> Any:

@@ -92,3 +92,18 @@ def test_skillpool_worker_loads_no_server_module() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+def test_product_tests_never_import_the_benchmarks() -> None:
+    """The benchmarks may use the tests' fixtures (tests/synthetic.py), never the other way round: tests of the
+    product stay runnable when load_tests/ changes. Only tests/load_tests/, the benchmarks' own tests, import it."""
+    wrong = []
+    for f in sorted((REPO / "tests").rglob("*.py")):
+        if f.is_relative_to(REPO / "tests" / "load_tests"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            wrong += [f"{f.relative_to(REPO)} imports {n}" for n in names if n.split(".")[0] == "load_tests"]
+    assert not wrong, "\n".join(wrong)

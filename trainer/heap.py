@@ -18,7 +18,9 @@ from functools import cache
 
 log = logging.getLogger(__name__)
 
-ENV = "SKILLPOOL_HEAP_TRIM"  # 0/false/off turns the trim off (for the measurement in load_tests/bench_memory.py)
+ENV = (
+    "SKILLPOOL_HEAP_TRIM"  # 0/false/off turns the trim off (for the measurement in load_tests/training/bench_memory.py)
+)
 
 
 @cache

@@ -2,7 +2,7 @@
 
 `F.linear` in bfloat16 re-lays its weight out for oneDNN on every call; a decode step is ~200 small products,
 so keeping each weight packed once (what torch.compile's freezing does for inference) cuts a step's matmul
-time by about a quarter (load_tests/bench_engine_step.py). The packed product is the same oneDNN kernel:
+time by about a quarter (load_tests/serving/bench_engine_step.py). The packed product is the same oneDNN kernel:
 its results are checked against `F.linear` once, and a model whose check fails is left as it was. The packed
 copy is kept beside the weight (LoRA shapes, the tied embedding and transformers still read `.weight`).
 """

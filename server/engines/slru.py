@@ -5,7 +5,7 @@ A skill enters on probation; a second use while it is still resident promotes it
 holds at most `capacity` less a probation share. Victims come from probation first (least recently used first),
 then from the protected segment. Under plain LRU every lookup of a rarely used skill takes the place of the least
 recent one, however popular; with a Zipf-popular pool most lookups are of that kind, so the popular skills keep
-leaving (load_tests/bench_placement.py, `--gpu-tier`; its figures are in docs/benchmarks.md).
+leaving (load_tests/placement/bench_placement.py, `--gpu-tier`; its figures are in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from load_tests.fixtures import random_skills, write_store
 from skillpool.evaluation.process import ServerProcess
 from tests.conftest import start_redis, until
+from tests.synthetic import random_skills, write_store
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="the cluster extra: pip install -e .[cluster]")

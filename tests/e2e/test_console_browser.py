@@ -22,10 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from load_tests.common import rows, user_text
 from skillpool.evaluation.process import ServerProcess
 from skillpool.server.console import CSP
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir, rows, user_text
 from tests.e2e.console_browser import Console, chromium, screenshot
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from load_tests.common import rows, user_text
 from skillpool.evaluation.process import ServerProcess
-from tests.conftest import dataset_dir, strict, wait_fine_tuning
+from tests.conftest import strict, wait_fine_tuning
+from tests.datasets import dataset_dir, rows, user_text
 
 pytestmark = pytest.mark.slow
 BASE = "SmolLM2-135M-Instruct"

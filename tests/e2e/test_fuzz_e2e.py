@@ -23,7 +23,8 @@ from openai import OpenAI
 from schemathesis.checks import not_a_server_error
 
 from skillpool.evaluation.process import ServerProcess
-from tests.conftest import sst2_lines, until
+from tests.conftest import until
+from tests.datasets import sst2_lines
 
 pytestmark = pytest.mark.slow
 SKILL = "sst-2"

@@ -13,10 +13,10 @@ import pytest
 
 from skillpool.evaluation.process import ServerProcess
 from skillpool.evaluation.tasks import DATASETS_SETTING
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir
 
 pytestmark = pytest.mark.slow
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "load_tests" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "load_tests" / "serving" / "locustfile.py"
 
 
 def test_locust_headless_run_has_no_failures(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -23,7 +23,9 @@ import httpx
 import pytest
 
 from skillpool.evaluation.process import ServerProcess, free_port
-from tests.conftest import sst2_lines, until
+from skillpool.evaluation.tasks_client import TasksClient
+from tests.conftest import until
+from tests.datasets import sst2_lines
 from tests.e2e.prometheus_process import DEPLOY, Prometheus
 
 pytestmark = pytest.mark.slow
@@ -159,13 +161,13 @@ def _scrape_mid_training_then_cancel(srv: ServerProcess, prom: Prometheus, train
     job_id = _upload(srv, LONG, 300, force=True, batch_size=1)
 
     def scraped() -> bool:
-        status = httpx.get(f"{srv.url}/tasks/{job_id}", timeout=10).json()["status"]
+        status = TasksClient(srv.url).job(job_id)["status"]
         assert status in ("queued", "running"), f"{LONG} ended ({status}) before Prometheus saw it train"
         found = prom.query(f'{{__name__=~"{"|".join(PROGRESS_SERIES)}", job="{trainer_job}", skill="{LONG}"}}')
         return {s["metric"]["__name__"] for s in found} == set(PROGRESS_SERIES)
 
     until(scraped, timeout=300)
-    assert httpx.delete(f"{srv.url}/tasks/{job_id}", timeout=30).status_code == 200
+    assert TasksClient(srv.url).cancel(job_id).status_code == 200
     assert _wait(srv, job_id)["status"] == "cancelled"
     ended = time.time()
     until(lambda: prom.scraped_since(ended), timeout=60)
@@ -173,23 +175,14 @@ def _scrape_mid_training_then_cancel(srv: ServerProcess, prom: Prometheus, train
 
 
 def _upload(srv: ServerProcess, name: str, rows: int, force: bool, batch_size: int = 8) -> str:
-    r = httpx.post(
-        srv.url + "/tasks",
-        files={"file": (f"{name}.jsonl", sst2_lines(rows))},
-        data={"name": name, "config": json.dumps({"epochs": 1, "batch_size": batch_size}), "force": str(force).lower()},
-        timeout=120,
+    job = TasksClient(srv.url).upload(
+        name, sst2_lines(rows), config={"epochs": 1, "batch_size": batch_size}, force=force
     )
-    assert r.status_code == 202, r.text
-    return str(r.json()["id"])
+    return str(job["id"])
 
 
 def _wait(srv: ServerProcess, job_id: str) -> dict[str, Any]:
-    def job() -> dict[str, Any]:
-        assert srv.exited() is None, srv.exited()
-        return dict(httpx.get(f"{srv.url}/tasks/{job_id}", timeout=10).json())
-
-    until(lambda: job()["status"] in ("succeeded", "failed", "cancelled"), timeout=600)
-    return job()
+    return TasksClient(srv.url).follow(job_id, progress=False, poll_s=0.5, gone=srv.exited, timeout_s=600)
 
 
 def _chat(srv: ServerProcess, prom: Prometheus, scrapes: int = 6) -> None:

@@ -11,10 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from load_tests.common import ask, rows, upload, user_text, wait_job
 from skillpool.cli.main import main
 from skillpool.evaluation.process import ServerProcess
-from tests.conftest import dataset_dir
+from skillpool.evaluation.tasks_client import TasksClient
+from skillpool.trainer.records import TERMINAL
+from tests.chat import ask
+from tests.datasets import dataset_dir, rows, user_text
 
 pytestmark = pytest.mark.slow
 # 60 held-out rows: the noise on the gain is about 0.07; the rows as uploaded, as the default prompt variants
@@ -39,8 +41,9 @@ def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(
         from openai import OpenAI
 
         client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
-        r = upload(srv.url, "sst-2", "\n".join(json.dumps(x) for x in good).encode(), CONFIG)
-        ok = wait_job(srv.url, r.json()["id"], verbose=False)
+        tasks = TasksClient(srv.url)
+        body = "\n".join(json.dumps(x) for x in good).encode()
+        ok = tasks.wait_for(tasks.upload("sst-2", body, config=CONFIG)["id"], TERMINAL, 3600)
         assert ok["status"] == "succeeded", ok
         assert ok["eval"]["score"] >= ok["eval"]["bar"] and ok["eval"]["gain_lower_bound"] > 0 and ok["eval"]["n"] == 50
         before = ask(client, "auto", probe)

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from load_tests.common import ask, rows, upload, user_text, wait_job
 from skillpool.evaluation.process import ServerProcess
+from skillpool.evaluation.tasks_client import TasksClient
 from skillpool.router import MODES
+from skillpool.trainer.records import TERMINAL
 from skillpool.trainer.scoring import first_word_match
-from tests.conftest import dataset_dir
+from tests.chat import ask
+from tests.datasets import dataset_dir, rows, user_text
 
 pytestmark = pytest.mark.slow
 TRAIN_ROWS = 160
@@ -107,9 +109,8 @@ def routes_and_beats_the_base_model(client, label: str) -> None:  # type: ignore
 
 def test_upload_learn_route_and_beat_the_base_model(server: ServerProcess, client) -> None:  # type: ignore[no-untyped-def]
     body = "\n".join(json.dumps(r) for r in agnews("train", TRAIN_ROWS)).encode()
-    r = upload(server.url, "agnews", body, CONFIG)
-    assert r.status_code == 202, r.text
-    job = wait_job(server.url, r.json()["id"], timeout_s=2400, verbose=False)
+    tasks = TasksClient(server.url)
+    job = tasks.wait_for(tasks.upload("agnews", body, config=CONFIG)["id"], TERMINAL, 2400)
     assert job["status"] == "succeeded", job
     print(f"\nagnews job eval: {job['eval']}")
     assert "agnews" in [m.id for m in client.models.list().data]

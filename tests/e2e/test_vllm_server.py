@@ -11,23 +11,32 @@ import pytest
 
 from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineRequest, SamplingParams
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 BASE = "SmolLM2-135M-Instruct"
 PROMPT = "Name three animals that live in the sea."
+# the skills' router keys come from these SuperNI tasks' texts (the serving benchmark's)
+SUPERNI_TASKS = (
+    "task1729_personachat_generate_next",
+    "task639_multi_woz_user_utterance_generation",
+    "task1590_diplomacy_text_generation",
+    "task748_glucose_reverse_cause_event_detection",
+)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):  # type: ignore[no-untyped-def]
     pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
-    from load_tests.serving_load import make_skills
     from skillpool.evaluation.process import ServerProcess
+    from tests.datasets import rows, user_text
+    from tests.synthetic import task_skills
 
     dataset_dir("superni", "task1729_personachat_generate_next")  # the skills' router keys come from SuperNI
     data = Path(tmp_path_factory.mktemp("vllm-e2e")) / "data"
-    names = make_skills(data, 3, rank=8)
+    texts = [[user_text(r) for r in rows("superni", t, "train", 200)] for t in SUPERNI_TASKS]
+    names = task_skills(data, 3, rank=8, texts=texts)
     flags = ["--engine", "vllm", "--max-model-len", "1024", "--max-loras", "2", "--max-batch-size", "8"]
     with ServerProcess(data, flags, startup_s=900) as srv:
         yield srv, data, names
@@ -98,16 +107,20 @@ def test_a_skill_learned_through_tasks_is_routed_to(server) -> None:  # type: ig
 
     from openai import OpenAI
 
-    from load_tests.common import ask, rows, upload, user_text, wait_job
+    from skillpool.evaluation.tasks_client import TasksClient
+    from skillpool.trainer.records import TERMINAL
     from skillpool.trainer.scoring import first_word_match
+    from tests.chat import ask
+    from tests.datasets import rows, user_text
 
     srv, _, _ = server
     dataset_dir("long_sequence", "agnews")
     body = "\n".join(json.dumps(r) for r in rows("long_sequence", "agnews", "train", 160)).encode()
     # the rows as uploaded: the default prompt variants would double the training time of a test about routing
-    r = upload(srv.url, "agnews", body, {"epochs": 2, "prompt_variants": 0.0})
-    assert r.status_code == 202, r.text
-    job = wait_job(srv.url, r.json()["id"], timeout_s=1500, verbose=False)
+    tasks = TasksClient(srv.url)
+    job = tasks.wait_for(
+        tasks.upload("agnews", body, config={"epochs": 2, "prompt_variants": 0.0})["id"], TERMINAL, 1500
+    )
     assert job["status"] == "succeeded", job
     client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
     test = rows("long_sequence", "agnews", "test", 24)

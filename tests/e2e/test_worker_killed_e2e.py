@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from skillpool.evaluation.process import ServerProcess
-from tests.conftest import sst2_lines, start_redis, until
+from tests.conftest import start_redis, until
+from tests.datasets import sst2_lines
 
 pytestmark = pytest.mark.slow
 LEASE_S = 3

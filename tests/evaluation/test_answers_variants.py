@@ -11,7 +11,7 @@ from skillpool.evaluation.answers_variants import AnswerTask, messages_for
 from skillpool.evaluation.continual_task import Task
 from skillpool.evaluation.tasks import load_paraphrases, task_lines
 from skillpool.trainer.datasets import parse_jsonl
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir
 
 ROW = {"instruction": "Classify the review as POS or NEG.", "input": "A fine film.", "output": "POS"}
 

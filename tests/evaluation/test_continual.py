@@ -15,7 +15,7 @@ from skillpool.evaluation.continual import _reference_single
 from skillpool.evaluation.continual_task import Task
 from skillpool.evaluation.progress_log import ProgressLog, read_log
 from skillpool.trainer.config import TrainConfig
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir
 
 CONFIG = json.dumps({"epochs": 1, "max_seq_len": 192})
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from skillpool.cli.main import main
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir
 
 
 @pytest.mark.parametrize("mode", ["centroid", "dtkr", "sapt"])

@@ -7,7 +7,7 @@ import pytest
 
 from skillpool.router import Router, RouterSettings
 from skillpool.router.demand import DemandSettings, FallbackClusters
-from tests.conftest import read_task
+from tests.datasets import read_task
 
 
 def test_repeated_unseen_task_requests_form_one_cluster_each(embedder) -> None:  # type: ignore[no-untyped-def]

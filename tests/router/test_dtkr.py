@@ -9,7 +9,7 @@ import torch
 from skillpool.router import Router, RouterSettings
 from skillpool.router.dtkr import DTKRSettings, slot_scores, split_groups, train_dtkr_keys
 from skillpool.router.router import whitening
-from tests.conftest import read_task
+from tests.datasets import read_task
 
 
 def clustered(n: int = 400, d: int = 32, seed: int = 0) -> np.ndarray:

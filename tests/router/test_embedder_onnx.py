@@ -10,7 +10,7 @@ from skillpool.router.build import make_embedder
 from skillpool.router.embedder import SentenceEmbedder
 from skillpool.router.embedder_onnx import OnnxEmbedder, export_onnx
 from skillpool.router.texts import route_text
-from tests.conftest import read_task
+from tests.datasets import read_task
 
 
 @pytest.fixture(scope="module")

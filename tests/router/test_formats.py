@@ -10,7 +10,7 @@ import pytest
 
 from skillpool.router import Router, RouterSettings
 from skillpool.router.formats import FormatModel, FormatSettings, accepts_each, fit_format, gram_ids
-from tests.conftest import read_task
+from tests.datasets import read_task
 
 WORDS = [
     "apple",

@@ -24,7 +24,7 @@ from skillpool.router.needs import (
     option_ids,
     request_grams,
 )
-from tests.conftest import dataset_dir, read_task
+from tests.datasets import dataset_dir, read_task
 
 PARAPHRASES = load_paraphrases("long_sequence")
 

@@ -10,7 +10,7 @@ from skillpool.router import Router, RouterSettings
 from skillpool.router.index import held_out_white_best
 from skillpool.router.keys import calibrate_threshold, centroid_keys, held_out_best
 from skillpool.router.router import whitening
-from tests.conftest import read_task
+from tests.datasets import read_task
 
 
 @pytest.fixture(scope="module")

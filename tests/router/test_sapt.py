@@ -8,7 +8,7 @@ import torch
 from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
 from skillpool.router.formats import FormatModel
 from skillpool.router.sapt import FeatureStats, SAPTState
-from tests.conftest import read_task
+from tests.datasets import read_task
 
 TASKS = ("agnews", "sst-2", "boolqa")
 

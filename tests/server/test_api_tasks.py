@@ -11,7 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from skillpool.server.bootstrap import build_components
-from tests.conftest import dataset_dir, sst2_lines, wait_job
+from tests.conftest import wait_job
+from tests.datasets import dataset_dir, sst2_lines
 from tests.server.test_api import assert_error, chat
 
 # one epoch at batch 8: the upload tests train a random tiny model, whose skill learns nothing anyway

@@ -16,7 +16,8 @@ from skillpool.server.app import create_app
 from skillpool.server.auth import KeyRing
 from skillpool.trainer.service import TERMINAL, Job, JobStatus, new_job_id
 from tests.adapters_store.test_store import draft
-from tests.conftest import sst2_lines, until
+from tests.conftest import until
+from tests.datasets import sst2_lines
 
 KEYS_FILE = """# NAME ROLE KEY
 alice chat  k-alice-0001

@@ -16,7 +16,8 @@ from skillpool.router import Decision
 from skillpool.server.app import create_app
 from skillpool.server.auth import KeyRing
 from skillpool.server.routing_log import BUCKETS, RoutingLog
-from tests.conftest import dataset_dir, sst2_lines, wait_job
+from tests.conftest import wait_job
+from tests.datasets import dataset_dir, sst2_lines
 from tests.server.test_api import assert_error, chat
 
 DEFAULT_MAX_TOKENS = 2  # the conftest server's default answer length

@@ -14,7 +14,8 @@ from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
 from skillpool.trainer.jobs import local_queue
-from tests.conftest import sst2_lines, until, wait_job
+from tests.conftest import until, wait_job
+from tests.datasets import sst2_lines
 from tests.disk import fill, small_tmpfs, temp_leftovers
 
 # one wording beside each row: the job as short as the windows below were sized for

@@ -19,7 +19,8 @@ from openai.types.fine_tuning.jobs import FineTuningJobCheckpoint
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.trainer.events import Resync
-from tests.conftest import sst2_lines, strict, wait_fine_tuning
+from tests.conftest import strict, wait_fine_tuning
+from tests.datasets import sst2_lines
 
 FAST = {"n_epochs": 1, "batch_size": 8}
 DEFAULT_MAX_TOKENS = 4  # the conftest server's default answer length

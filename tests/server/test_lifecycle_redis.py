@@ -16,7 +16,8 @@ from skillpool.server.config import ServerConfig
 from skillpool.trainer.events import SkillRegistered
 from skillpool.trainer.service import RedisEventBus
 from tests.adapters_store.test_store import draft
-from tests.conftest import dataset_dir, until
+from tests.conftest import until
+from tests.datasets import dataset_dir
 
 
 def test_retire_and_rollback_reach_every_server(redis_url, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]

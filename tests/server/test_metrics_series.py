@@ -19,7 +19,8 @@ from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.engines.hf import HEARTBEAT_S
 from tests.adapters_store.test_store import draft
-from tests.conftest import sst2_lines, until
+from tests.conftest import until
+from tests.datasets import sst2_lines
 from tests.server.test_engine import make_engine
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

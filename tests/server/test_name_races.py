@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from tests.conftest import sst2_lines, wait_job
+from tests.conftest import wait_job
+from tests.datasets import sst2_lines
 
 FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
 

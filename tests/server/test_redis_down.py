@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from tests.conftest import sst2_lines, start_redis
+from tests.conftest import start_redis
+from tests.datasets import sst2_lines
 
 
 def test_serving_survives_redis_going_away_and_uploads_come_back(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]

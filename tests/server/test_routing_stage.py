@@ -14,7 +14,7 @@ from skillpool.router import Decision, Router
 from skillpool.server.engines import EngineBusy
 from skillpool.server.metrics import Metrics
 from skillpool.server.routing import RoutingStage, _cap
-from tests.conftest import read_task
+from tests.datasets import read_task
 
 
 class CountingRouter(Router):

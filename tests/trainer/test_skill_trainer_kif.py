@@ -11,7 +11,7 @@ from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.methods.kif_start import similar_skills
 from skillpool.trainer.skill_trainer import SkillTrainer
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir
 
 
 def examples(task: str, n: int, group: str = "long_sequence") -> list[dict]:  # type: ignore[type-arg]

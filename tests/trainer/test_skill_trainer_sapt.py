@@ -13,7 +13,7 @@ from skillpool.router import Router, RouterSettings, SAPTSettings, TokenPooler
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.datasets import parse_jsonl
 from skillpool.trainer.skill_trainer import SkillTrainer
-from tests.conftest import dataset_dir
+from tests.datasets import dataset_dir
 
 
 def examples(task: str, n: int) -> list[dict]:  # type: ignore[type-arg]

@@ -17,8 +17,9 @@ pytest.importorskip("ray", reason="the cluster extra: pip install -e .[cluster]"
 
 import ray  # noqa: E402
 
-from load_tests.bench_ray_placement import Deployment, one, write_skills  # noqa: E402
 from skillpool.runtime.base_model import resolve_base_model  # noqa: E402
+from tests.server.cluster.ray_deployment import Deployment, one  # noqa: E402
+from tests.synthetic import curve_skills  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SKILLS, SIZE = 48, 8
@@ -28,7 +29,7 @@ KNOWN_S = 2.0  # how long Ray Serve takes at most to tell its router which repli
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     data = tmp_path_factory.mktemp("store")
-    write_skills(data, SKILLS)
+    curve_skills(data, SKILLS)
     args = argparse.Namespace(
         gpu_slots=4,
         host_slots=16,

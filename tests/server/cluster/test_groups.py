@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from load_tests.bench_ray_placement import write_skills
-from load_tests.skill_vectors import directions as skill_directions
 from skillpool.adapters_store.store import SkillStore
 from skillpool.server.cluster.groups import PREFIX, SkillGroups, unit_vector
 from skillpool.server.cluster.remote_engine import routing_key
 from skillpool.server.cluster.replica import parse_key
 from skillpool.server.engines import Mix
+from tests.synthetic import curve_skills
+from tests.synthetic import directions as skill_directions
 
 N = 120
 
@@ -96,7 +96,7 @@ def test_one_skill_a_group_is_every_skill_leading_itself(directions: np.ndarray)
 
 
 def test_stored_versions_are_placed_by_their_router_keys(tmp_path: Path) -> None:
-    write_skills(tmp_path, 60)
+    curve_skills(tmp_path, 60)
     store = SkillStore(tmp_path)
     groups = SkillGroups(8)
     for rec in store.list_latest():

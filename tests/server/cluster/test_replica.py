@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from load_tests.bench_ray_placement import write_skills
 from skillpool.adapters_store.store import SkillStore
 from skillpool.server.cluster.hub import Command
 from skillpool.server.cluster.remote_engine import routing_key
@@ -25,6 +24,7 @@ from skillpool.server.engines import (
     RequestTooLarge,
     SamplingParams,
 )
+from tests.synthetic import curve_skills
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +45,14 @@ def generate(engine: Any, mix: dict[str, float]) -> list[EngineEvent]:
 
 
 def test_skills_follow_the_store_and_the_hubs_commands(engine: Any, tmp_path: Path) -> None:
-    write_skills(tmp_path, 2)  # skill-0000 and skill-0001, v1 each
+    curve_skills(tmp_path, 2)  # skill-0000 and skill-0001, v1 each
     store = SkillStore(tmp_path)
     skills = ReplicaSkills(engine, store)
     assert skills.resolve({"skill-0000": 1, "skill-0001": 1}, {}, verify=False) == []
     assert skills.versions() == {"skill-0000": 1, "skill-0001": 1}
     assert generate(engine, {"skill-0000": 1.0})[-1].finish_reason == "length"
 
-    write_skills(tmp_path, 1)  # skill-0000 v2
+    curve_skills(tmp_path, 1)  # skill-0000 v2
     skills.apply(Command(1, "add", "skill-0000", 2))  # held: swapped at once, before any request asks for v2
     assert skills.versions() == {"skill-0000": 2, "skill-0001": 1}
     assert skills.resolve({"skill-0000": 1}, {}, verify=False) == ["skill-0000"]  # v1 is no longer served
@@ -66,7 +66,7 @@ def test_skills_follow_the_store_and_the_hubs_commands(engine: Any, tmp_path: Pa
 
 
 def test_a_retired_skill_is_refused_and_dropped_when_the_replica_checks_the_store(engine: Any, tmp_path: Path) -> None:
-    write_skills(tmp_path, 1)
+    curve_skills(tmp_path, 1)
     store = SkillStore(tmp_path)
     skills = ReplicaSkills(engine, store)
     assert skills.resolve({"skill-0000": 1}, {}, verify=False) == []

@@ -17,7 +17,8 @@ from skillpool.trainer.jobs.runner import make_runner
 from skillpool.trainer.loop import Cancelled, stop_check
 from skillpool.trainer.records import TERMINAL, JobStatus
 from skillpool.trainer.skill_trainer import SkillTrainer
-from tests.conftest import read_task, until
+from tests.conftest import until
+from tests.datasets import read_task
 
 
 def test_key_preparation_checks_between_embedding_chunks(embedder) -> None:  # type: ignore[no-untyped-def]

@@ -20,7 +20,8 @@ from skillpool.trainer.bus import RedisEventBus, announcer
 from skillpool.trainer.jobs.redis_queue import RedisJobQueue
 from skillpool.trainer.jobs.runner import make_runner
 from skillpool.trainer.skill_trainer import SkillTrainer
-from tests.conftest import dataset_dir, wait_job
+from tests.conftest import wait_job
+from tests.datasets import dataset_dir
 
 
 @pytest.fixture

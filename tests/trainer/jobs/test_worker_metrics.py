@@ -19,7 +19,8 @@ from skillpool.evaluation.process import free_port
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from tests.conftest import sst2_lines, until
+from tests.conftest import until
+from tests.datasets import sst2_lines
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
