@@ -10,7 +10,6 @@ bound; a file another process evicts between fetch and read is fetched again by 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import threading
@@ -20,8 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ByteSize, TypeAdapter, ValidationError
-
 from .diskio import storage_error, sweep, temp_path
 
 log = logging.getLogger(__name__)
@@ -29,17 +26,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 2 * 2**30
 
 Download = Callable[[str, Path], None]  # (key, local file): writes the object there; FileNotFoundError if none
-
-
-def cache_size(text: str) -> int:
-    """`--adapter-cache-bytes`: bytes, or a number with a unit (2GiB, 512MiB, as pydantic's ByteSize reads it); 0
-    keeps nothing on disk between reads."""
-    if text.strip().startswith("-"):
-        raise argparse.ArgumentTypeError(f"the adapter cache size must be >= 0 bytes, not {text}")
-    try:
-        return int(TypeAdapter(ByteSize).validate_python(text))
-    except ValidationError:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with a unit: 2GiB, 512MiB)") from None
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,9 @@ Each module defines `add_arguments(parser)` and `run(args)`.
 
 from __future__ import annotations
 
-import os
+from skillpool.runtime.process import set_process_env
 
-from skillpool.runtime.openmp import set_openmp_defaults
-
-set_openmp_defaults()  # before torch loads OpenMP: idle threads spin briefly, then sleep
+set_process_env()  # before any command loads torch: OpenMP reads its variables once
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402
@@ -24,7 +22,6 @@ from dataclasses import dataclass  # noqa: E402
 class Command:
     module: str  # defines add_arguments(parser) and run(args)
     help: str
-    offline: bool = False  # the dispatcher sets HF_HUB_OFFLINE before it runs (serve and worker set it themselves)
 
 
 COMMANDS = {
@@ -40,17 +37,14 @@ EVAL = {
     "routing": Command(
         "skillpool.evaluation.routing",
         "learn tasks one by one into a fresh router and measure routing after each",
-        offline=True,
     ),
     "continual": Command(
         "skillpool.evaluation.continual",
         "learn a task sequence through the server; score matrix, AP, F.Ra, FWT, BWT, baselines",
-        offline=True,
     ),
     "answers": Command(
         "skillpool.evaluation.answers",
         "answer quality under paraphrased instructions: forced and routed, four wordings, paired gaps",
-        offline=True,
     ),
     "answers-compare": Command(
         "skillpool.evaluation.answers_compare",
@@ -81,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         _add(ev, name, cmd, word(0) == "eval" and word(1) == name)
     args = parser.parse_args(argv)
     cmd = EVAL[args.what] if args.command == "eval" else COMMANDS[args.command]
-    if cmd.offline:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = importlib.import_module(cmd.module).run(args)
     return result if isinstance(result, int) else 0  # the evaluations return their results, not a code
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from skillpool.runtime.flags import number
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.records import JobStatus
 
@@ -145,15 +145,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def gap_points(text: str) -> float:
-    """A --max-task-gap/--max-mean-gap value: a finite number of points, at least 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of points") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of points, at least 0")
-    return value
+gap_points = number(float, lo=0)  # a --max-task-gap/--max-mean-gap value: a finite number of points, at least 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

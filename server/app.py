@@ -27,12 +27,16 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     app = FastAPI(title="skillpool", version="0.1.0")
     app.state.components = c
     app.state.keys = keys = keys if keys is not None else KeyRing.from_config(c.cfg)
-    exposed = not keys.keys and c.cfg.host not in ("127.0.0.1", "localhost", "::1")  # anyone on the network may train
+    exposed = not keys.keys and c.cfg.http.host not in (
+        "127.0.0.1",
+        "localhost",
+        "::1",
+    )  # anyone on the network may train
     log.log(logging.WARNING if exposed else logging.INFO, "%s", keys.summary())
     install_handlers(app)
     install_admin(app, c.router, c.metrics)
     install_console(app)  # the web page at /console, over the APIs below
-    app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
+    app.add_middleware(BodyLimit, upload_bytes=c.cfg.http.max_upload_bytes, request_bytes=c.cfg.http.max_request_bytes)
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 
     app.include_router(health_api.api)

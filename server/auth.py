@@ -117,7 +117,7 @@ class KeyRing:
 
     @classmethod
     def from_config(cls, cfg: ServerConfig) -> KeyRing:
-        return cls(cfg.api_key, cfg.admin_key, cfg.api_keys_file)
+        return cls(cfg.http.api_key, cfg.http.admin_key, cfg.http.api_keys_file)
 
     def _load(self) -> tuple[ApiKey, ...]:
         from_file: list[ApiKey] = []

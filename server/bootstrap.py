@@ -35,32 +35,32 @@ def serving_busy(engine: Engine) -> bool:
 
 
 def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = None) -> Engine:
-    """The engine `cfg.engine` names, for this base model."""
+    """The engine `cfg.serving.engine` names, for this base model."""
     # what both engines take from the same settings
     batching: dict[str, Any] = {
-        "device": cfg.device,
-        "max_num_seqs": cfg.max_batch_size,
-        "max_batched_tokens": cfg.max_batched_tokens,
-        "max_waiting": cfg.max_waiting,
+        "device": cfg.serving.device,
+        "max_num_seqs": cfg.serving.max_batch_size,
+        "max_batched_tokens": cfg.serving.max_batched_tokens,
+        "max_waiting": cfg.http.max_waiting,
     }
-    if cfg.engine == "hf":
+    if cfg.serving.engine == "hf":
         from .engines.hf import HFEngine
 
         try:
             return HFEngine(
                 base.path,
                 **batching,
-                dtype=resolve_dtype(cfg.dtype, resolve_device(cfg.device)),
-                max_loaded_skills=cfg.max_loaded_skills,
-                prefix_cache_tokens=cfg.prefix_cache_tokens,
+                dtype=resolve_dtype(cfg.serving.dtype, resolve_device(cfg.serving.device)),
+                max_loaded_skills=cfg.serving.max_loaded_skills,
+                prefix_cache_tokens=cfg.serving.prefix_cache_tokens,
                 on_step=metrics.batch_size.observe if metrics is not None else None,
-                kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+                kv_cache_memory_bytes=cfg.serving.kv_cache_memory_bytes,
                 kv_reserve_bytes=_trainer_reserve(cfg, base),
-                nice=cfg.engine_nice,
+                nice=cfg.serving.engine_nice,
             )
         except MemoryPlanError as e:  # the KV budget and the trainer cannot share this GPU
             raise SystemExit(f"skillpool serve: {e}") from None
-    if cfg.engine == "vllm":
+    if cfg.serving.engine == "vllm":
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -69,27 +69,27 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
 
         return VLLMEngine(
             base.path,
-            cfg.data_dir / "cache",
+            cfg.storage.data_dir / "cache",
             base_model_id=base.model_id,
             **batching,
-            max_model_len=cfg.max_model_len,
-            max_loras=cfg.max_loras,
-            max_cpu_loras=cfg.max_cpu_loras,
-            max_lora_rank=cfg.max_lora_rank,
+            max_model_len=cfg.serving.max_model_len,
+            max_loras=cfg.serving.max_loras,
+            max_cpu_loras=cfg.serving.max_cpu_loras,
+            max_lora_rank=cfg.serving.max_lora_rank,
             gpu_memory_utilization=vllm_utilization(cfg, base),
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            load_format=cfg.vllm_load_format,
+            kv_cache_memory_bytes=cfg.serving.kv_cache_memory_bytes,
+            load_format=cfg.serving.vllm_load_format,
         )
-    raise ValueError(f"unknown engine {cfg.engine!r}")
+    raise ValueError(f"unknown engine {cfg.serving.engine!r}")
 
 
 def _cuda(cfg: ServerConfig) -> bool:
-    return resolve_device(cfg.device).startswith("cuda")
+    return resolve_device(cfg.serving.device).startswith("cuda")
 
 
 def _trainer_reserve(cfg: ServerConfig, base: BaseModel) -> int:
     """GPU bytes the hf engine's KV budget leaves for the in-process trainer (its estimate at the defaults)."""
-    if not (cfg.run_trainer and _cuda(cfg)):
+    if not (cfg.training.run_trainer and _cuda(cfg)):
         return 0
     return trainer_need(ModelShape.from_config(AutoConfig.from_pretrained(str(base.path))), TrainConfig()).total
 
@@ -97,16 +97,18 @@ def _trainer_reserve(cfg: ServerConfig, base: BaseModel) -> int:
 def vllm_utilization(cfg: ServerConfig, base: BaseModel) -> float | None:
     """vLLM's gpu_memory_utilization on CUDA, leaving the in-process trainer its estimate (server/memory.py);
     None on CPU, where vLLM ignores it. A GPU that cannot hold both stops the start with the numbers."""
-    if not _cuda(cfg) or cfg.kv_cache_memory_bytes is not None:  # vLLM sizes by bytes then, not by share
-        return cfg.gpu_memory_utilization
+    if not _cuda(cfg) or cfg.serving.kv_cache_memory_bytes is not None:  # vLLM sizes by bytes then, not by share
+        return cfg.serving.gpu_memory_utilization
     import torch
 
     free, total = torch.cuda.mem_get_info()
     config = AutoConfig.from_pretrained(str(base.path))
-    max_len = cfg.max_model_len or int(getattr(config, "max_position_embeddings", 2048))
-    train = TrainConfig() if cfg.run_trainer else None
+    max_len = cfg.serving.max_model_len or int(getattr(config, "max_position_embeddings", 2048))
+    train = TrainConfig() if cfg.training.run_trainer else None
     try:
-        plan = plan_vllm(total, free, ModelShape.from_config(config), 2, max_len, train, cfg.gpu_memory_utilization)
+        plan = plan_vllm(
+            total, free, ModelShape.from_config(config), 2, max_len, train, cfg.serving.gpu_memory_utilization
+        )
     except MemoryPlanError as e:
         raise SystemExit(f"skillpool serve: {e}") from None
     if plan.trainer is not None:
@@ -122,41 +124,45 @@ def build_components(
     trainer: SkillTrainer | None = None,
 ) -> Components:
     """Everything a server needs; tests pass a tiny engine/base, production passes nothing."""
-    bus = make_event_bus(cfg.redis_url, cfg.redis_prefix)  # first: an unreachable Redis stops the start at once
+    bus = make_event_bus(
+        cfg.training.redis_url, cfg.training.redis_prefix
+    )  # first: an unreachable Redis stops the start at once
     try:  # then the adapter store: one that cannot be reached stops the start before the model loads
-        store = open_store(cfg.data_dir, cfg.adapter_store, cfg.adapter_cache_bytes)
+        store = open_store(cfg.storage.data_dir, cfg.storage.adapter_store, cfg.storage.adapter_cache_bytes)
     except BaseException:
         bus.close()
         raise
-    base = base or resolve_base_model(cfg.model)
-    metrics = Metrics(cfg.replica_name)
+    base = base or resolve_base_model(cfg.serving.model)
+    metrics = Metrics(cfg.observability.replica_name)
     metrics.watch_store(store)
     engine = engine or make_engine(cfg, base, metrics)
     metrics.watch_engine(engine)
-    embedder = embedder or make_embedder(cfg.embedder, cfg.device)
-    router = make_router(cfg.router, base, embedder, cfg.device)
+    embedder = embedder or make_embedder(cfg.routing.embedder, cfg.serving.device)
+    router = make_router(cfg.routing.router, base, embedder, cfg.serving.device)
     pool = SkillPool(store, engine, router, base, metrics)
     pool.load_all()
     bus.subscribe(pool.on_event)
     # the gate generates with this engine: a skill is judged by the engine that will serve it
     trainer = trainer or SkillTrainer(
-        store, router, base, device=cfg.device, judge=EngineJudge(engine), dtype=cfg.dtype
+        store, router, base, device=cfg.serving.device, judge=EngineJudge(engine), dtype=cfg.serving.dtype
     )
-    runner = make_runner(trainer, metrics.training, lambda: serving_busy(engine)) if cfg.run_trainer else None
+    runner = make_runner(trainer, metrics.training, lambda: serving_busy(engine)) if cfg.training.run_trainer else None
     stored = announcer(bus, pool.register)  # served here at once, then by every server that reads the bus
     ended = metrics.training.job_ended
-    jobs = make_job_queue(cfg.redis_url, cfg.data_dir / "jobs", runner, stored, ended, cfg.redis_prefix)
-    metrics.training.watch(jobs, "redis" if cfg.redis_url else "local")
-    on_cpu = resolve_device(cfg.device) == "cpu"
-    chunk = cfg.routing_batch_size or (1 if on_cpu else cfg.max_batch_size)
-    workers = cfg.router_threads if on_cpu else 1  # a GPU MiniLM batches instead
+    jobs = make_job_queue(
+        cfg.training.redis_url, cfg.storage.data_dir / "jobs", runner, stored, ended, cfg.training.redis_prefix
+    )
+    metrics.training.watch(jobs, "redis" if cfg.training.redis_url else "local")
+    on_cpu = resolve_device(cfg.serving.device) == "cpu"
+    chunk = cfg.routing.routing_batch_size or (1 if on_cpu else cfg.serving.max_batch_size)
+    workers = cfg.routing.router_threads if on_cpu else 1  # a GPU MiniLM batches instead
     routing = RoutingStage(
         router,
         metrics,
-        cfg.batch_window_s,
-        cfg.max_batch_size,
-        cfg.max_loaded_skills,
-        cfg.max_waiting,
+        cfg.routing.batch_window_s,
+        cfg.serving.max_batch_size,
+        cfg.serving.max_loaded_skills,
+        cfg.http.max_waiting,
         chunk,
         workers,
     )

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 
-from skillpool.runtime.threads import add_threads_argument, set_threads
+from skillpool.runtime.process import setup_process
 
-from .config import ServerConfig
+from .config import ServerConfig, add_serve_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    ServerConfig.add_cli_args(p)
-    add_threads_argument(p)
-    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    add_serve_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,20 +26,22 @@ def run(args: argparse.Namespace) -> int:
     from .auth import KeyFileError, KeyRing
     from .bootstrap import build_components
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    set_threads(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = ServerConfig.from_cli_args(args)
+    setup_process(args.threads, cfg.observability.log_level)
     try:
         keys = KeyRing.from_config(cfg)  # before the model loads: a bad keys file stops the start at once
     except KeyFileError as e:
         raise SystemExit(f"skillpool serve: {e}") from None
-    cluster_flags = (cfg.ingress_replicas != 1, cfg.ray_address, cfg.replica_gpus, cfg.affinity_group_size != 1)
-    if cfg.replicas is not None or any(cluster_flags):
+    cluster_flags = (
+        cfg.cluster.ingress_replicas != 1,
+        cfg.cluster.ray_address,
+        cfg.cluster.replica_gpus,
+        cfg.cluster.affinity_group_size != 1,
+    )
+    if cfg.cluster.replicas is not None or any(cluster_flags):
         from .cluster.launch import serve_cluster  # imports Ray only after checking that it is installed
 
-        return serve_cluster(cfg, args.threads, args.log_level)
+        return serve_cluster(cfg, args.threads, cfg.observability.log_level)
     signal.signal(signal.SIGHUP, lambda *_: keys.reload())  # uvicorn handles SIGINT and SIGTERM, not this one
     try:
         # loading runs torch on every core: in a thread of its own, whose OpenMP pool ends with it (openmp.py)
@@ -52,12 +50,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"skillpool serve: cannot start: {e}") from None
     app = create_app(components, keys)
     print(
-        f"skillpool: serving {components.base.model_id} with {len(components.pool.records())} skill(s) on http://{cfg.host}:{cfg.port}",
+        f"skillpool: serving {components.base.model_id} with {len(components.pool.records())} skill(s) on http://{cfg.http.host}:{cfg.http.port}",
         file=sys.stderr,
         flush=True,
     )
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower())
+        uvicorn.run(app, host=cfg.http.host, port=cfg.http.port, log_level=cfg.observability.log_level.lower())
     finally:
         components.close()
     return 0

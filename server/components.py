@@ -41,7 +41,7 @@ class Components:
     @cached_property
     def files(self) -> FileStore:
         """Uploaded training files, in the data dir that servers and workers share."""
-        return FileStore(self.cfg.data_dir)
+        return FileStore(self.cfg.storage.data_dir)
 
     @cached_property
     def routing_log(self) -> RoutingLog:

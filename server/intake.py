@@ -91,7 +91,7 @@ def train_config(values: object, f: Fields, param: Callable[[str], str] | None =
 
 def check_room(c: Components) -> None:
     """The pending-jobs limit (the queue call may go to Redis: callers run it off the event loop)."""
-    if (pending := c.jobs.depth()) >= c.cfg.max_pending_jobs:
+    if (pending := c.jobs.depth()) >= c.cfg.training.max_pending_jobs:
         raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
 
 

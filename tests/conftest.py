@@ -12,11 +12,9 @@ from typing import Any
 
 import pytest
 
-from skillpool.runtime.openmp import set_openmp_defaults
+from skillpool.runtime.process import set_process_env
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-set_openmp_defaults()  # as `skillpool` sets them, before torch loads
+set_process_env()  # as every skillpool process runs, before torch loads
 # every engine, trainer and server the tests start computes in float32 unless a test asks for bf16: `auto` would
 # pick bf16 on some CPUs and not on others (runtime/dtype.py)
 os.environ.setdefault("SKILLPOOL_DTYPE", "float32")

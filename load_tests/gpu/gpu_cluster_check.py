@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(tmp) / "data"
         config = json.loads((model / "config.json").read_text())
         write_store(data, random_skills(config, setup.skills, setup.rank, alpha=2.0 * setup.rank), model=model)
-        cfg = ServerConfig(
+        cfg = ServerConfig.of(
             data_dir=data,
             model=model,
             engine=setup.engine,

@@ -63,7 +63,7 @@ class ChatServing:
         if c.store.remote:  # the mix's adapters onto this node's disk now, off the engine's thread
             await asyncio.to_thread(c.pool.fetch_adapters, decision.mix)
         cid = completion_id()
-        sampling = body.to_sampling_params(room, c.cfg.default_max_tokens)
+        sampling = body.to_sampling_params(room, c.cfg.serving.default_max_tokens)
         events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, decision.mix))
         try:
             first = await _first_event(request, events)  # submits: a full queue answers 429 before any response

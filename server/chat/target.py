@@ -55,7 +55,7 @@ def explicit_mix(c: Components, model: str) -> Mix:
         if c.pool.get(name) is None:
             raise APIError(404, f"The model '{name}' in the mix does not exist", "model", "model_not_found")
         mix[name] = mix.get(name, 0.0) + w
-    cap = c.cfg.max_loaded_skills
+    cap = c.cfg.serving.max_loaded_skills
     if cap is not None and len(mix) > cap:
         raise APIError(
             400, f"the mix names {len(mix)} skills; this server keeps {cap} loaded", "model", "invalid_value"

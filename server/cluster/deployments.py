@@ -17,17 +17,16 @@ import asyncio
 import os
 import shlex
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
 
 from skillpool.adapters_store.store import SkillStore, open_store
 from skillpool.runtime.base_model import resolve_base_model, resolve_device
-from skillpool.runtime.openmp import openmp_defaults
-from skillpool.runtime.threads import add_threads_argument, set_threads
+from skillpool.runtime.process import process_env, setup_process
 
-from ..config import ServerConfig
+from ..config import ServerConfig, add_serve_arguments
 from ..engines import Engine, EngineEvent
 from .replica import EngineReplica, Refusal, WireRequest
 
@@ -37,9 +36,7 @@ MATCHING_TIMEOUT_S = "0.2"
 REPLICA_ENV = {
     # how long a request waits for a replica holding its skill before any takes it: Ray's 1 s would add to chat's TTFT
     "RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S": MATCHING_TIMEOUT_S,
-    **openmp_defaults(),  # as `skillpool` sets them: idle torch threads spin briefly, then sleep
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
+    **process_env(),  # as every skillpool process runs (runtime/process.py): a Ray worker is not started by it
 }
 
 
@@ -66,21 +63,21 @@ class ClusterSpec:
     def models_per_replica(self) -> int:
         if self.mux_models is not None:
             return self.mux_models
-        if self.cfg.engine == "vllm":
-            return self.cfg.max_cpu_loras or self.cfg.max_loras
-        return self.cfg.max_loaded_skills or 64
+        if self.cfg.serving.engine == "vllm":
+            return self.cfg.serving.max_cpu_loras or self.cfg.serving.max_loras
+        return self.cfg.serving.max_loaded_skills or 64
 
     def engine_options(self) -> dict[str, Any]:
-        cuda = resolve_device(self.cfg.device).startswith("cuda") if self.engine_factory is None else False
+        cuda = resolve_device(self.cfg.serving.device).startswith("cuda") if self.engine_factory is None else False
         cpus = self.replica_cpus if self.replica_cpus is not None else self.threads or 1
         actor: dict[str, Any] = {"num_cpus": cpus, "runtime_env": {"env_vars": REPLICA_ENV}}
         if cuda:
-            actor["num_gpus"] = self.cfg.replica_gpus or 1
+            actor["num_gpus"] = self.cfg.cluster.replica_gpus or 1
         return {
             "name": ENGINE,
             "num_replicas": self.replicas,
-            "max_ongoing_requests": self.max_ongoing or self.cfg.max_batch_size,
-            "max_queued_requests": self.cfg.max_waiting,  # beyond it Ray refuses: a 429, as one server's queue does
+            "max_ongoing_requests": self.max_ongoing or self.cfg.serving.max_batch_size,
+            "max_queued_requests": self.cfg.http.max_waiting,  # beyond it Ray refuses: a 429, as one server's queue does
             "ray_actor_options": actor,
             "health_check_period_s": 5,
         }
@@ -93,7 +90,7 @@ class ClusterSpec:
 def _process_setup(threads: int | None) -> None:
     for k, v in REPLICA_ENV.items():
         os.environ.setdefault(k, v)
-    set_threads(threads)
+    setup_process(threads, log_level=None)  # Ray Serve configures its replicas' logging
 
 
 def _gpu_here() -> bool:
@@ -106,13 +103,13 @@ def default_engine(cfg: ServerConfig) -> Engine:
     """The engine `--engine` names, as `skillpool serve` builds it (no trainer shares this replica's device)."""
     from ..bootstrap import make_engine
 
-    return make_engine(replace(cfg, run_trainer=False), resolve_base_model(cfg.model))
+    return make_engine(cfg.replace(run_trainer=False), resolve_base_model(cfg.serving.model))
 
 
 def replica_store(cfg: ServerConfig) -> SkillStore:
     """The store as every server opens it (bootstrap): the data dir's, or the object store `--adapter-store` names,
     read through this node's disk cache."""
-    return open_store(cfg.data_dir, cfg.adapter_store, cfg.adapter_cache_bytes)
+    return open_store(cfg.storage.data_dir, cfg.storage.adapter_store, cfg.storage.adapter_cache_bytes)
 
 
 class EngineDeployment:
@@ -160,17 +157,23 @@ class IngressDeployment:
 
         _process_setup(spec.threads)
         rid = serve.get_replica_context().replica_id.unique_id
-        cfg = replace(spec.cfg, replica_name=spec.cfg.replica_name or f"ingress-{rid}")  # its own metric series
+        cfg = spec.cfg.replace(
+            replica_name=spec.cfg.observability.replica_name or f"ingress-{rid}"
+        )  # its own metric series
         if not _gpu_here():  # Ray books it no GPU (the replicas hold them): MiniLM and a trainer run on the CPU
-            cfg = replace(cfg, device="cpu")
-        base = resolve_base_model(cfg.model)
+            cfg = cfg.replace(device="cpu")
+        base = resolve_base_model(cfg.serving.model)
         remote = RemoteEngine(
-            engine, base.path, hub_handle(spec.hub_name), keyed=spec.keyed, group_size=spec.cfg.affinity_group_size
+            engine,
+            base.path,
+            hub_handle(spec.hub_name),
+            keyed=spec.keyed,
+            group_size=spec.cfg.cluster.affinity_group_size,
         )
         await remote.start()
         self.components = await asyncio.to_thread(build_components, cfg, base, remote)
         keys = KeyRing.from_config(cfg)
-        self._keys_watch = KeyFileWatch(keys) if cfg.api_keys_file is not None else None  # no SIGHUP reaches here
+        self._keys_watch = KeyFileWatch(keys) if cfg.http.api_keys_file is not None else None  # no SIGHUP reaches here
         self._asgi = create_app(self.components, keys)
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -200,14 +203,12 @@ def build_app(spec: ClusterSpec) -> Any:
 def parse_flags(flags: str) -> tuple[ClusterSpec, argparse.Namespace]:
     """`skillpool serve`'s flags (a string, as a RayService's args give them) as a cluster spec."""
     p = argparse.ArgumentParser(prog="skillpool serve")
-    ServerConfig.add_cli_args(p)
-    add_threads_argument(p)
-    p.add_argument("--log-level", default="info")
+    add_serve_arguments(p)
     args = p.parse_args(shlex.split(flags))
     cfg = ServerConfig.from_cli_args(args)
-    if cfg.replicas is None:
+    if cfg.cluster.replicas is None:
         raise SystemExit("skillpool serve: the flags of a Ray Serve application must include --replicas N")
-    return ClusterSpec(cfg, cfg.replicas, cfg.ingress_replicas, args.threads), args
+    return ClusterSpec(cfg, cfg.cluster.replicas, cfg.cluster.ingress_replicas, args.threads), args
 
 
 def app_builder(args: dict[str, str]) -> Any:

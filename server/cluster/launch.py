@@ -29,12 +29,12 @@ KEYS_NOTE = "skillpool: the ingress replicas re-read the keys file {} within 2 s
 
 def check_flags(cfg: ServerConfig) -> None:
     """The cluster flags' combinations; SystemExit naming the flag."""
-    if cfg.replicas is None:
-        given = [f for f, on in (("--ingress-replicas", cfg.ingress_replicas != 1), ("--ray-address", cfg.ray_address),
-                                 ("--replica-gpus", cfg.replica_gpus),
-                                 ("--affinity-group-size", cfg.affinity_group_size != 1)) if on]  # fmt: skip
+    if cfg.cluster.replicas is None:
+        given = [f for f, on in (("--ingress-replicas", cfg.cluster.ingress_replicas != 1), ("--ray-address", cfg.cluster.ray_address),
+                                 ("--replica-gpus", cfg.cluster.replica_gpus),
+                                 ("--affinity-group-size", cfg.cluster.affinity_group_size != 1)) if on]  # fmt: skip
         raise SystemExit(f"skillpool serve: {', '.join(given)} only apply with --replicas N")
-    if cfg.ingress_replicas > 1 and not cfg.redis_url:
+    if cfg.cluster.ingress_replicas > 1 and not cfg.training.redis_url:
         raise SystemExit(
             "skillpool serve: --ingress-replicas above 1 needs --redis-url: training jobs and their records must be "
             "shared by every ingress replica (Redis), not kept in one process"
@@ -95,23 +95,25 @@ def connect(ray: Any, address: str | None, need_cpus: int) -> bool:
 def serve_cluster(cfg: ServerConfig, threads: int | None, log_level: str = "info") -> int:
     check_flags(cfg)
     ray = require_ray()
-    assert cfg.replicas is not None
+    assert cfg.cluster.replicas is not None
     from .deployments import REPLICA_ENV, ClusterSpec
 
     for k, v in REPLICA_ENV.items():  # this process routes nothing, but a handle made here reads them too
         os.environ.setdefault(k, v)
-    spec = ClusterSpec(cfg, cfg.replicas, cfg.ingress_replicas, threads)
-    local = connect(ray, cfg.ray_address, cfg.replicas * (threads or 1))
+    spec = ClusterSpec(cfg, cfg.cluster.replicas, cfg.cluster.ingress_replicas, threads)
+    local = connect(ray, cfg.cluster.ray_address, cfg.cluster.replicas * (threads or 1))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     # the ingress replicas re-read the keys file when it changes; SIGHUP (which would end this process) says so
-    signal.signal(signal.SIGHUP, lambda *_: print(KEYS_NOTE.format(cfg.api_keys_file), file=sys.stderr, flush=True))
+    signal.signal(
+        signal.SIGHUP, lambda *_: print(KEYS_NOTE.format(cfg.http.api_keys_file), file=sys.stderr, flush=True)
+    )
     try:
-        deploy(spec, cfg.host, cfg.port)
+        deploy(spec, cfg.http.host, cfg.http.port)
         print(
-            f"skillpool: serving on Ray Serve, {spec.replicas} engine replica(s) ({cfg.engine}) and "
-            f"{spec.ingress_replicas} ingress replica(s), on http://{cfg.host}:{cfg.port}",
+            f"skillpool: serving on Ray Serve, {spec.replicas} engine replica(s) ({cfg.serving.engine}) and "
+            f"{spec.ingress_replicas} ingress replica(s), on http://{cfg.http.host}:{cfg.http.port}",
             file=sys.stderr,
             flush=True,
         )

@@ -36,7 +36,7 @@ def get_file(files: FileStore, file_id: str, caller: Principal, param: str = "fi
 @api.post("/v1/files")
 async def create_file(request: Request) -> dict[str, Any]:
     c = components(request)
-    limit = c.cfg.max_upload_bytes
+    limit = c.cfg.http.max_upload_bytes
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise APIError(
             400, "POST /v1/files takes multipart/form-data with 'file' and 'purpose'", None, "invalid_request"

@@ -161,7 +161,9 @@ def _read(c: Components, file_id: str, param: str) -> list[Example]:
     data = c.files.content(file_id)
     if data is None:
         raise DatasetError([])  # deleted since the job was created: reported below
-    return parse_jsonl(data, c.cfg.min_upload_examples if param == "training_file" else 1, c.cfg.max_upload_examples)
+    return parse_jsonl(
+        data, c.cfg.training.min_upload_examples if param == "training_file" else 1, c.cfg.training.max_upload_examples
+    )
 
 
 def validate_and_queue(c: Components, job_id: str, cfg: TrainConfig) -> None:

@@ -39,7 +39,7 @@ class TaskServing:
                 None,
                 "invalid_content_type",
             )
-        form = await request.form(max_part_size=c.cfg.max_upload_bytes + 1)
+        form = await request.form(max_part_size=c.cfg.http.max_upload_bytes + 1)
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise APIError(400, "missing multipart field 'file' (a JSONL dataset)", "file", "missing_file")
@@ -77,11 +77,13 @@ class TaskServing:
             else {}
         )
         cfg = train_config(cfg_obj, TASKS)
-        data = await upload.read(c.cfg.max_upload_bytes + 1)
-        if len(data) > c.cfg.max_upload_bytes:
-            raise APIError(413, f"upload is larger than {c.cfg.max_upload_bytes} bytes", "file", "file_too_large")
+        data = await upload.read(c.cfg.http.max_upload_bytes + 1)
+        if len(data) > c.cfg.http.max_upload_bytes:
+            raise APIError(413, f"upload is larger than {c.cfg.http.max_upload_bytes} bytes", "file", "file_too_large")
         try:
-            examples = await asyncio.to_thread(parse_jsonl, data, c.cfg.min_upload_examples, c.cfg.max_upload_examples)
+            examples = await asyncio.to_thread(
+                parse_jsonl, data, c.cfg.training.min_upload_examples, c.cfg.training.max_upload_examples
+            )
         except DatasetError as e:
             raise APIError(
                 400,

@@ -104,9 +104,9 @@ def test_the_paraphrase_variant_needs_a_paraphrase_for_every_task(tmp_path: Path
     ("flag", "value", "says"),
     [
         ("--instructions", "superni_v2", "neither a packaged paraphrase set (long_sequence, superni) nor a JSON file"),
-        ("--max-task-gap", "-0.5", "--max-task-gap: '-0.5': give a finite number of points, at least 0"),
-        ("--max-mean-gap", "nan", "--max-mean-gap: 'nan': give a finite number of points, at least 0"),
-        ("--max-mean-gap", "much", "--max-mean-gap: 'much' is not a number of points"),
+        ("--max-task-gap", "-0.5", "--max-task-gap: must be at least 0, not -0.5"),
+        ("--max-mean-gap", "nan", "--max-mean-gap: must be finite, not nan"),
+        ("--max-mean-gap", "much", "--max-mean-gap: not a number: 'much'"),
     ],
 )
 def test_an_unknown_paraphrase_set_or_a_bad_gap_is_a_usage_error(

@@ -27,7 +27,7 @@ def components(request, tiny_base, embedder, tmp_path_factory):  # type: ignore[
     """A server's parts on the tiny LLaMA, one per test module: a module's tests share its skills and jobs. A module
     sets DEFAULT_MAX_TOKENS for a shorter default answer (default 8)."""
     max_tokens = getattr(request.module, "DEFAULT_MAX_TOKENS", 8)
-    cfg = ServerConfig(
+    cfg = ServerConfig.of(
         data_dir=tmp_path_factory.mktemp("data"), max_upload_bytes=300_000, default_max_tokens=max_tokens
     )
     c = build_components(cfg, base=tiny_base, embedder=embedder)

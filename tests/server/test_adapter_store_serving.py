@@ -39,7 +39,7 @@ def test_a_published_skill_is_served_and_a_store_outage_fails_only_cold_skills(
             writer = SimpleNamespace(base=tiny_base, store=open_store(tmp_path / "trainer", url))  # another node
             for name in ("warm", "cold"):
                 store_skill(writer, embedder, name, "accuracy", 0.5)
-            cfg = ServerConfig(data_dir=tmp_path / "server", adapter_store=url, replica_name="r1")
+            cfg = ServerConfig.of(data_dir=tmp_path / "server", adapter_store=url, replica_name="r1")
             c = build_components(cfg, base=tiny_base, embedder=embedder)
             try:
                 with TestClient(create_app(c)) as http:
@@ -105,11 +105,15 @@ def test_the_store_flags_of_serve_and_worker(
     cfg = ServerConfig.from_cli_args(
         serve.parse_args(["--adapter-store", "s3://b/p", "--adapter-cache-bytes", "512MiB", "--replica-name", "r2"])
     )
-    assert (cfg.adapter_store, cfg.adapter_cache_bytes, cfg.replica_name) == ("s3://b/p", 512 * 2**20, "r2")
-    assert ServerConfig().adapter_store is None and ServerConfig().adapter_cache_bytes == 2 * 2**30
+    assert (cfg.storage.adapter_store, cfg.storage.adapter_cache_bytes, cfg.observability.replica_name) == (
+        "s3://b/p",
+        512 * 2**20,
+        "r2",
+    )
+    assert ServerConfig().storage.adapter_store is None and ServerConfig().storage.adapter_cache_bytes == 2 * 2**30
     args = worker.parse_args(["--redis-url", "redis://x", "--adapter-store", "s3://b/p", "--adapter-cache-bytes", "0"])
     assert (args.adapter_store, args.adapter_cache_bytes) == ("s3://b/p", 0)
     for parser in (serve, worker):
         with pytest.raises(SystemExit):
             parser.parse_args(["--redis-url", "redis://x", "--adapter-cache-bytes", "-1"])
-        assert "the adapter cache size must be >= 0 bytes, not -1" in capsys.readouterr().err
+        assert "a size must be >= 0 bytes, not -1" in capsys.readouterr().err

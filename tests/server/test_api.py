@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -134,9 +133,7 @@ def test_invalid_json_body(client: TestClient) -> None:
 
 
 def test_api_key_is_required_when_set(components, tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    c = build_components(
-        replace(components.cfg, api_key="sekrit", data_dir=tmp_path), base=tiny_base, embedder=embedder
-    )
+    c = build_components(components.cfg.replace(api_key="sekrit", data_dir=tmp_path), base=tiny_base, embedder=embedder)
     try:
         with TestClient(create_app(c)) as cl:
             assert_error(cl.get("/v1/models"), 401, None, "invalid_api_key")
@@ -160,7 +157,7 @@ def test_a_bad_seed_fails_alone_next_to_good_requests(client: TestClient) -> Non
 
 
 def test_a_full_waiting_queue_answers_429_with_retry_after(components, tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    c = build_components(replace(components.cfg, max_waiting=0, data_dir=tmp_path), base=tiny_base, embedder=embedder)
+    c = build_components(components.cfg.replace(max_waiting=0, data_dir=tmp_path), base=tiny_base, embedder=embedder)
     try:
         with TestClient(create_app(c)) as cl:
             resp = chat(cl, "Hello there")
@@ -254,12 +251,12 @@ def test_bodies_over_the_limit_are_cut_off_while_they_stream(client: TestClient,
     part = b'--zz\r\nContent-Disposition: form-data; name="file"; filename="d.jsonl"\r\n\r\n'
     status, body, pulled = _stream_into(client.app, "/tasks", b"multipart/form-data; boundary=zz", chunk, 6400, part)
     assert status == 413 and body["error"]["code"] == "file_too_large"
-    assert pulled <= (components.cfg.max_upload_bytes + 64 * 1024) // chunk + 2  # of 6400 offered
+    assert pulled <= (components.cfg.http.max_upload_bytes + 64 * 1024) // chunk + 2  # of 6400 offered
     status, body, pulled = _stream_into(client.app, "/v1/chat/completions", b"application/json", chunk, 6400)
     assert status == 413 and body["error"]["code"] == "request_too_large"  # not FastAPI's 400
-    assert pulled <= components.cfg.max_request_bytes // chunk + 2
+    assert pulled <= components.cfg.http.max_request_bytes // chunk + 2
     declared = client.post(  # a declared length over the limit: refused before reading
-        "/v1/chat/completions", content=b" " * (components.cfg.max_request_bytes + 1), headers=JSON
+        "/v1/chat/completions", content=b" " * (components.cfg.http.max_request_bytes + 1), headers=JSON
     )
     assert_error(declared, 413, None, "request_too_large")
     assert chat(client, "still fine").status_code == 200  # the server goes on
@@ -289,7 +286,7 @@ def test_labelled_requests_feed_the_live_routing_accuracy(client: TestClient, co
 
 
 def test_readiness_and_liveness_tell_a_dead_engine(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    c = build_components(ServerConfig(data_dir=tmp_path, default_max_tokens=2), base=tiny_base, embedder=embedder)
+    c = build_components(ServerConfig.of(data_dir=tmp_path, default_max_tokens=2), base=tiny_base, embedder=embedder)
     try:
         with TestClient(create_app(c)) as http:
             assert http.get("/readyz").status_code == 200

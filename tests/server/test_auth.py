@@ -176,7 +176,7 @@ def test_files_and_jobs_belong_to_their_key(components, keys_file: Path) -> None
         for path, mine in (("/v1/files", f), ("/v1/fine_tuning/jobs", job), ("/tasks", job)):
             assert mine in listed("bob", path) and mine in listed("root", path), path
             assert mine not in listed("carol", path) and mine not in listed("alice", path), path
-        record = json.loads((components.cfg.data_dir / "jobs" / f"{job}.json").read_text())
+        record = json.loads((components.cfg.storage.data_dir / "jobs" / f"{job}.json").read_text())
         assert record["owner"] == "bob" and BEARER["bob"] not in json.dumps(record)  # the name, never the key
         assert json.loads((components.files.dir / f"{f}.json").read_text())["owner"] == "bob"
         assert http.get(f"/v1/files/{f}/content", headers=headers("bob")).content == BAD_JSONL

@@ -22,7 +22,7 @@ def url(smollm, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no
     # a long context, so that an answer takes seconds even on an idle machine (at >= 1 ms a decode step)
     base = make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-long"), max_positions=8192)
     # one slot: a second request waits in the queue while the first decodes
-    cfg = ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_batch_size=1)
+    cfg = ServerConfig.of(data_dir=tmp_path_factory.mktemp("data"), max_batch_size=1)
     c = build_components(cfg, base=base, embedder=embedder)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(c), host="127.0.0.1", port=port, log_level="warning"))

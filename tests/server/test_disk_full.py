@@ -43,7 +43,7 @@ def test_a_full_disk_is_contained_and_a_skill_trains_once_space_is_back(  # type
 ) -> None:
     monkeypatch.setattr(local_queue, "RETRY_SAVE_S", 0.5)
     with small_tmpfs(tmp_path / "data", "8m") as data:
-        cfg = ServerConfig(data_dir=data, max_upload_bytes=300_000, default_max_tokens=8)
+        cfg = ServerConfig.of(data_dir=data, max_upload_bytes=300_000, default_max_tokens=8)
         c = build_components(cfg, base=tiny_base, embedder=embedder)
         try:
             with TestClient(create_app(c)) as http:

@@ -197,9 +197,8 @@ def test_cancel_list_and_request_errors(client: OpenAI, http: TestClient) -> Non
 
 
 def test_with_an_admin_key_the_chat_key_cannot_upload_or_train(components, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from dataclasses import replace
 
-    cfg = replace(components.cfg, data_dir=tmp_path, api_key="user", admin_key="admin")
+    cfg = components.cfg.replace(data_dir=tmp_path, api_key="user", admin_key="admin")
     c = build_components(cfg, base=tiny_base, embedder=embedder)
     try:
         with TestClient(create_app(c)) as http:

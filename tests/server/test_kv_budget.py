@@ -100,7 +100,7 @@ def test_through_the_api_too_much_is_a_400_and_a_default_max_tokens_fits(tiny_ba
     from skillpool.server.config import ServerConfig
 
     budget = (COPIES * 200 + 4096) * TINY_KV_BYTES  # one request of 200 - SPARE tokens, beside the prefix cache
-    cfg = ServerConfig(data_dir=tmp_path, kv_cache_memory_bytes=budget, default_max_tokens=4096)
+    cfg = ServerConfig.of(data_dir=tmp_path, kv_cache_memory_bytes=budget, default_max_tokens=4096)
     c = build_components(cfg, base=tiny_base, embedder=embedder)
     try:
         with TestClient(create_app(c)) as http:

@@ -21,11 +21,11 @@ from tests.datasets import dataset_dir
 
 
 def test_retire_and_rollback_reach_every_server(redis_url, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cfg = ServerConfig(
+    cfg = ServerConfig.of(
         data_dir=tmp_path, redis_url=redis_url, redis_prefix=f"t-{uuid.uuid4().hex[:8]}", default_max_tokens=2
     )
     a = build_components(cfg, base=tiny_base, embedder=embedder)  # trains
-    b = build_components(replace(cfg, run_trainer=False), base=tiny_base, embedder=embedder)  # only serves
+    b = build_components(cfg.replace(run_trainer=False), base=tiny_base, embedder=embedder)  # only serves
     data = b"\n".join((dataset_dir("long_sequence", "sst-2") / "train.jsonl").read_bytes().splitlines()[:30])
     try:
         with TestClient(create_app(a)) as ha, TestClient(create_app(b)) as hb:
@@ -60,7 +60,7 @@ def test_a_retire_through_the_admin_api_reaches_a_second_server_through_the_bus(
     redis_url, tiny_base, embedder, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
     prefix = f"t-{uuid.uuid4().hex[:8]}"
-    cfg = ServerConfig(data_dir=tmp_path, redis_url=redis_url, redis_prefix=prefix, run_trainer=False)
+    cfg = ServerConfig.of(data_dir=tmp_path, redis_url=redis_url, redis_prefix=prefix, run_trainer=False)
     a = build_components(cfg, base=tiny_base, embedder=embedder)
     b = build_components(cfg, base=tiny_base, embedder=embedder)
     worker = RedisEventBus(redis_url, prefix)  # what `skillpool worker` publishes once it stored a skill

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from transformers import LlamaConfig
 
@@ -106,12 +104,12 @@ def test_serve_reads_the_gpu_and_stops_with_the_numbers(tiny_base, monkeypatch, 
     from skillpool.server.bootstrap import vllm_utilization
     from skillpool.server.config import ServerConfig
 
-    cfg = ServerConfig(data_dir=tmp_path, device="cuda")
+    cfg = ServerConfig.of(data_dir=tmp_path, device="cuda")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 * 10**9, 80 * 10**9))
     util = vllm_utilization(cfg, tiny_base)
     assert util is not None and 0.9 < util < 1  # a tiny model's trainer leaves vLLM nearly all of it
-    assert vllm_utilization(replace(cfg, run_trainer=False), tiny_base) == 0.9
-    assert vllm_utilization(replace(cfg, device="cpu", gpu_memory_utilization=0.5), tiny_base) == 0.5  # ignored
+    assert vllm_utilization(cfg.replace(run_trainer=False), tiny_base) == 0.9
+    assert vllm_utilization(cfg.replace(device="cpu", gpu_memory_utilization=0.5), tiny_base) == 0.5  # ignored
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (GIB // 2, GIB // 2))
     with pytest.raises(SystemExit, match="--no-trainer"):
         vllm_utilization(cfg, tiny_base)

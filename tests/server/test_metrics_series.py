@@ -150,7 +150,7 @@ def test_the_engine_s_health_alive_and_after_its_loop_died(components, tiny_base
         assert value(scrape(http), "skillpool_engine_up") == 1
 
     engine = make_engine(tiny_base)
-    c = build_components(replace(components.cfg, data_dir=tmp_path), base=tiny_base, engine=engine, embedder=embedder)
+    c = build_components(components.cfg.replace(data_dir=tmp_path), base=tiny_base, engine=engine, embedder=embedder)
     try:
         with TestClient(create_app(c)) as http:
 

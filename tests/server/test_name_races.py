@@ -19,7 +19,7 @@ FAST = json.dumps({"epochs": 1, "batch_size": 8, "max_seq_len": 256})
 
 
 def test_one_of_two_concurrent_uploads_of_a_new_name_gets_the_job(tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    c = build_components(ServerConfig(data_dir=tmp_path, default_max_tokens=4), base=tiny_base, embedder=embedder)
+    c = build_components(ServerConfig.of(data_dir=tmp_path, default_max_tokens=4), base=tiny_base, embedder=embedder)
     try:
         with TestClient(create_app(c)) as http:
             rows = sst2_lines(200)  # several seconds of key preparation: the winner is still pending meanwhile

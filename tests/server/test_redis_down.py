@@ -17,7 +17,7 @@ from tests.datasets import sst2_lines
 def test_serving_survives_redis_going_away_and_uploads_come_back(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
     proc, url = start_redis(tmp_path / "redis")
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    cfg = ServerConfig(
+    cfg = ServerConfig.of(
         data_dir=tmp_path / "data",
         redis_url=url,
         redis_prefix=f"t-{uuid.uuid4().hex[:8]}",

@@ -157,7 +157,7 @@ def test_a_cpu_server_embeds_one_request_per_call_unless_told_otherwise(tiny_bas
     from skillpool.server.config import ServerConfig
 
     for folder, size, want in (("default", None, 1), ("set", 8, 8)):
-        cfg = ServerConfig(data_dir=tmp_path / folder, device="cpu", routing_batch_size=size)
+        cfg = ServerConfig.of(data_dir=tmp_path / folder, device="cpu", routing_batch_size=size)
         c = build_components(cfg, base=tiny_base, embedder=embedder)
         try:
             assert c.routing.chunk == want

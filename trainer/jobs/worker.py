@@ -8,15 +8,16 @@ server: the job runner is trainer.jobs.runner, the router is built by router.bui
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
-from skillpool.adapters_store.disk_cache import DEFAULT_CACHE_BYTES, cache_size
+from skillpool.adapters_store.disk_cache import DEFAULT_CACHE_BYTES
 from skillpool.router.flags import add_router_flags, router_settings
 from skillpool.runtime.dtype import DTYPE_SETTING, DTYPES
-from skillpool.runtime.threads import add_threads_argument, set_threads
+from skillpool.runtime.flags import byte_size
+from skillpool.runtime.process import setup_process
+from skillpool.runtime.threads import add_threads_argument
 
 from ..keys import DEFAULT_PREFIX
 
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--adapter-cache-bytes",
-        type=cache_size,
+        type=byte_size,
         default=DEFAULT_CACHE_BYTES,
         help="with an s3:// store: the disk cache of downloaded skill files under the data dir (2GiB, 512MiB; 0: none)",
     )
@@ -85,9 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from .redis_queue import RedisJobQueue
     from .runner import make_runner
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    set_threads(args.threads)
+    setup_process(args.threads, args.log_level)
     try:
         store = open_store(args.data_dir, args.adapter_store, args.adapter_cache_bytes)
     except StoreUnavailable as e:

@@ -8,6 +8,6 @@ from tests.server.test_cli import config
 
 def test_like_for_like_server_keeps_no_prompt_kv() -> None:
     flags = ["--engine", "hf", "--max-batch-size", "16"]
-    assert config(*flags).prefix_cache_tokens > 0  # the other scenarios' server reuses shared prompt starts
-    assert config(*like_for_like(flags)).prefix_cache_tokens == 0
+    assert config(*flags).serving.prefix_cache_tokens > 0  # the other scenarios' server reuses shared prompt starts
+    assert config(*like_for_like(flags)).serving.prefix_cache_tokens == 0
     assert like_for_like(flags)[: len(flags)] == flags  # the engine and batch size stay the same

@@ -36,7 +36,7 @@ class Deployment:
         from .tiered_engine import make_tiered
 
         factory = make_tiered(args.gpu_slots, args.host_slots, args.per_token_s, args.gpu_tier)
-        cfg = ServerConfig(data_dir=data_dir, max_waiting=100_000)
+        cfg = ServerConfig.of(data_dir=data_dir, max_waiting=100_000)
         self.spec = ClusterSpec(
             cfg,
             replicas,

@@ -23,7 +23,12 @@ def test_the_kuberay_manifests_flags_make_a_spec() -> None:
     (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     assert app["import_path"] == "skillpool.server.cluster.deployments:app_builder"
     spec, _ = parse_flags(app["args"]["flags"])
-    assert (spec.replicas, spec.ingress_replicas, spec.cfg.engine, spec.cfg.run_trainer) == (4, 2, "vllm", False)
+    assert (spec.replicas, spec.ingress_replicas, spec.cfg.serving.engine, spec.cfg.training.run_trainer) == (
+        4,
+        2,
+        "vllm",
+        False,
+    )
     engine = spec.engine_options()
     assert engine["ray_actor_options"]["num_gpus"] == 1 and engine["num_replicas"] == 4
     workers = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
@@ -34,20 +39,20 @@ def test_flags_without_replicas_are_not_an_application() -> None:
     with pytest.raises(SystemExit, match="--replicas"):
         parse_flags("--engine hf")
     spec, _ = parse_flags("--replicas 2 --affinity-group-size 16")
-    assert spec.cfg.affinity_group_size == 16  # what the ingress replicas key by
+    assert spec.cfg.cluster.affinity_group_size == 16  # what the ingress replicas key by
 
 
 def test_replica_resources_keys_and_environment(tmp_path: Path) -> None:
-    cfg = ServerConfig(data_dir=tmp_path, device="cpu")
+    cfg = ServerConfig.of(data_dir=tmp_path, device="cpu")
     spec = ClusterSpec(cfg, replicas=2, threads=3)
     actor = spec.engine_options()["ray_actor_options"]
     assert actor["num_cpus"] == 3 and "num_gpus" not in actor
     env = actor["runtime_env"]["env_vars"]
     assert float(env["RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S"]) < 1.0  # below Ray's 1 s default
-    assert spec.engine_options()["max_ongoing_requests"] == cfg.max_batch_size
+    assert spec.engine_options()["max_ongoing_requests"] == cfg.serving.max_batch_size
     assert spec.ingress_options()["ray_actor_options"]["num_cpus"] == 0
     assert spec.models_per_replica == 64
-    assert replace(spec, cfg=replace(cfg, max_loaded_skills=8)).models_per_replica == 8
-    vllm = replace(cfg, engine="vllm", device="cuda", max_loras=4, max_cpu_loras=16, replica_gpus=0.25)
+    assert replace(spec, cfg=cfg.replace(max_loaded_skills=8)).models_per_replica == 8
+    vllm = cfg.replace(engine="vllm", device="cuda", max_loras=4, max_cpu_loras=16, replica_gpus=0.25)
     assert replace(spec, cfg=vllm).models_per_replica == 16
     assert replace(spec, cfg=vllm).engine_options()["ray_actor_options"]["num_gpus"] == 0.25

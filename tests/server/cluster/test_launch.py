@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -62,15 +61,15 @@ def test_an_address_without_a_port_is_refused(address: str) -> None:
 
 
 def test_cluster_flags_need_replicas_and_several_ingresses_need_redis(tmp_path: Path) -> None:
-    cfg = ServerConfig(data_dir=tmp_path)
+    cfg = ServerConfig.of(data_dir=tmp_path)
     with pytest.raises(SystemExit, match="--ray-address only apply with --replicas"):
-        launch.check_flags(replace(cfg, ray_address="10.0.0.5:6379"))
+        launch.check_flags(cfg.replace(ray_address="10.0.0.5:6379"))
     with pytest.raises(SystemExit, match="--affinity-group-size only apply with --replicas"):
-        launch.check_flags(replace(cfg, affinity_group_size=64))
+        launch.check_flags(cfg.replace(affinity_group_size=64))
     with pytest.raises(SystemExit, match="--ingress-replicas above 1 needs --redis-url"):
-        launch.check_flags(replace(cfg, replicas=2, ingress_replicas=2))
-    launch.check_flags(replace(cfg, replicas=2, ingress_replicas=2, redis_url="redis://127.0.0.1:6379/0"))
-    launch.check_flags(replace(cfg, replicas=4))
+        launch.check_flags(cfg.replace(replicas=2, ingress_replicas=2))
+    launch.check_flags(cfg.replace(replicas=2, ingress_replicas=2, redis_url="redis://127.0.0.1:6379/0"))
+    launch.check_flags(cfg.replace(replicas=4))
 
 
 def test_the_cluster_flags_parse_and_check_their_values() -> None:
@@ -81,10 +80,10 @@ def test_the_cluster_flags_parse_and_check_their_values() -> None:
     cfg = ServerConfig.from_cli_args(
         p.parse_args(["--replicas", "4", "--ingress-replicas", "2", "--replica-gpus", "0.25"])
     )
-    assert (cfg.replicas, cfg.ingress_replicas, cfg.replica_gpus) == (4, 2, 0.25)
-    assert ServerConfig.from_cli_args(p.parse_args([])).replicas is None  # the default: one process, as before
-    assert ServerConfig.from_cli_args(p.parse_args([])).affinity_group_size == 1  # keys by skill, as before
-    assert ServerConfig.from_cli_args(p.parse_args(["--affinity-group-size", "32"])).affinity_group_size == 32
+    assert (cfg.cluster.replicas, cfg.cluster.ingress_replicas, cfg.cluster.replica_gpus) == (4, 2, 0.25)
+    assert ServerConfig.from_cli_args(p.parse_args([])).cluster.replicas is None  # the default: one process, as before
+    assert ServerConfig.from_cli_args(p.parse_args([])).cluster.affinity_group_size == 1  # keys by skill, as before
+    assert ServerConfig.from_cli_args(p.parse_args(["--affinity-group-size", "32"])).cluster.affinity_group_size == 32
     for bad in (["--replicas", "0"], ["--replica-gpus", "1.5"], ["--replica-gpus", "nan"], ["--replica-gpus", "0"],
                 ["--affinity-group-size", "0"], ["--affinity-group-size", "-3"]):  # fmt: skip
         with pytest.raises(SystemExit):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -30,7 +29,7 @@ def prefix() -> str:
 
 
 def test_worker_elsewhere_trains_and_every_server_serves(redis_url, prefix, tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cfg = ServerConfig(
+    cfg = ServerConfig.of(
         data_dir=tmp_path, redis_url=redis_url, redis_prefix=prefix, run_trainer=False, default_max_tokens=4
     )
     server = build_components(cfg, base=tiny_base, embedder=embedder)
@@ -78,6 +77,6 @@ def test_worker_elsewhere_trains_and_every_server_serves(redis_url, prefix, tiny
 
 
 def test_unreachable_redis_is_a_clear_error(tiny_base, embedder, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cfg = replace(ServerConfig(data_dir=tmp_path), redis_url="redis://127.0.0.1:1/0")
+    cfg = ServerConfig.of(data_dir=tmp_path).replace(redis_url="redis://127.0.0.1:1/0")
     with pytest.raises(ConnectionError, match="cannot reach Redis"):
         build_components(cfg, base=tiny_base, embedder=embedder)

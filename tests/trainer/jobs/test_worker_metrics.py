@@ -39,10 +39,10 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 def test_a_worker_exports_its_training_metrics(redis_url, tiny_base, embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     prefix, port = f"t-{uuid.uuid4().hex[:8]}", free_port()
-    cfg = ServerConfig(data_dir=tmp_path / "data", redis_url=redis_url, redis_prefix=prefix, run_trainer=False)
+    cfg = ServerConfig.of(data_dir=tmp_path / "data", redis_url=redis_url, redis_prefix=prefix, run_trainer=False)
     server = build_components(cfg, base=tiny_base, embedder=embedder)
     cmd = [sys.executable, "-m", "skillpool.cli.main", "worker", "--redis-url", redis_url, "--redis-prefix", prefix]
-    cmd += ["--data-dir", str(cfg.data_dir), "--model", str(tiny_base.path), "--threads", "1"]
+    cmd += ["--data-dir", str(cfg.storage.data_dir), "--model", str(tiny_base.path), "--threads", "1"]
     cmd += ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"]
     log = tmp_path / "worker.log"
     worker: subprocess.Popen[bytes] | None = None
