@@ -13,7 +13,9 @@ Writes synthetic skills (random LoRA blocks; router keys from real SuperNI task 
 Reports TTFT p50/p99, inter-token latency p50/p99, end-to-end p50, output tokens/s, goodput under an SLO
 (the share of requests meeting both TTFT and ITL bounds, and their tokens/s), the server's resident memory, and
 the same-run ratios against their targets (N clients vs 1, mixes vs base, big pool vs small). Answers decode
-exactly --max-tokens (ignore_eos).
+exactly --max-tokens (ignore_eos). The last line is one JSON object per engine of those ratios:
+{"engine", "tokens_16_over_1", "ttft_16_over_1", "mixes_over_base" (caching off where that round ran),
+"big_pool_over_small"}.
 
     .venv/bin/python -m load_tests.serving.bench_serving [--engine hf,vllm] [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import random
 import sys
 import tempfile
@@ -219,6 +222,11 @@ def main() -> int:
             )
         one, many = results["base, 1 client"], results[f"base, {args.clients} clients"]
         mixes = results[f"k=3 mixes all different, {args.clients} clients"]
+        ratios[engine] = {
+            f"tokens_{args.clients}_over_1": round(many["tok_s"] / one["tok_s"], 3),
+            f"ttft_{args.clients}_over_1": round(many["ttft_p50"] / one["ttft_p50"], 3),
+            "mixes_over_base": round(mixes["tok_s"] / many["tok_s"], 3),
+        }
         print("\nratios (same run):")
         print(
             f"  {args.clients} clients vs 1: TTFT p50 {many['ttft_p50'] / one['ttft_p50']:.2f}x (target <= 4x), "
@@ -235,6 +243,7 @@ def main() -> int:
                 / results[f"base, round {r + 1}, no prefix cache"]["tok_s"]
                 for r in range(args.rounds)
             ]
+            ratios[engine]["mixes_over_base"] = round(plain_mixes["tok_s"] / plain["tok_s"], 3)  # the like-for-like one
             print(
                 f"    with prefix caching off on both, {args.rounds} interleaved rounds: "
                 f"{plain_mixes['tok_s'] / plain['tok_s']:.2f}x (per round: {', '.join(f'{x:.2f}x' for x in per_round)}; "
@@ -245,12 +254,14 @@ def main() -> int:
                 results[f"popular skills, {args.skills}-skill pool"],
                 results[f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded"],
             )
+            ratios[engine]["big_pool_over_small"] = round(bigr["tok_s"] / small["tok_s"], 3)
             print(
                 f"  {args.big_pool}- vs {args.skills}-skill pool (popular skills): tok/s {bigr['tok_s'] / small['tok_s']:.2f}x "
                 "(target >= 0.95x)"
             )
         print("  server RSS: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in mem.items()))
 
+    ratios: dict[str, dict[str, float]] = {}
     for engine in args.engine.split(","):
         if args.only != "auto":
             run(engine.strip())
@@ -272,6 +283,8 @@ def main() -> int:
                 f"\nengine {engine}: auto against what it routes to ({args.rounds} interleaved rounds, answer lengths x[1 +- {args.auto_vary}])"
             )
             print("\n".join(lines), flush=True)
+    for engine, same_run in ratios.items():  # last: one JSON line per engine of the core scenarios' same-run ratios
+        print(json.dumps({"engine": engine, **same_run}), flush=True)
     return 0
 
 
