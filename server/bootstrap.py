@@ -13,7 +13,7 @@ from skillpool.adapters_store.store import open_store
 from skillpool.router.build import make_embedder, make_router
 from skillpool.router.embedder import Embedder
 from skillpool.runtime.base_model import BaseModel, resolve_base_model, resolve_device
-from skillpool.runtime.dtype import resolve_dtype
+from skillpool.runtime.dtype import dtype_name, resolve_dtype
 from skillpool.trainer.config import TrainConfig
 from skillpool.trainer.service import SkillTrainer, announcer, make_event_bus, make_job_queue, make_runner
 
@@ -36,9 +36,11 @@ def serving_busy(engine: Engine) -> bool:
 
 def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = None) -> Engine:
     """The engine `cfg.serving.engine` names, for this base model."""
-    # what both engines take from the same settings
+    # what both engines take from the same settings; `--dtype auto` means the same for both (runtime/dtype.py)
+    device = resolve_device(cfg.serving.device)
     batching: dict[str, Any] = {
         "device": cfg.serving.device,
+        "dtype": resolve_dtype(cfg.serving.dtype, device),
         "max_num_seqs": cfg.serving.max_batch_size,
         "max_batched_tokens": cfg.serving.max_batched_tokens,
         "max_waiting": cfg.http.max_waiting,
@@ -50,7 +52,6 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             return HFEngine(
                 base.path,
                 **batching,
-                dtype=resolve_dtype(cfg.serving.dtype, resolve_device(cfg.serving.device)),
                 max_loaded_skills=cfg.serving.max_loaded_skills,
                 prefix_cache_tokens=cfg.serving.prefix_cache_tokens,
                 on_step=metrics.batch_size.observe if metrics is not None else None,
@@ -71,7 +72,7 @@ def make_engine(cfg: ServerConfig, base: BaseModel, metrics: Metrics | None = No
             base.path,
             cfg.storage.data_dir / "cache",
             base_model_id=base.model_id,
-            **batching,
+            **{**batching, "dtype": dtype_name(batching["dtype"])},
             max_model_len=cfg.serving.max_model_len,
             max_loras=cfg.serving.max_loras,
             max_cpu_loras=cfg.serving.max_cpu_loras,

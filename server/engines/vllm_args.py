@@ -37,7 +37,7 @@ def engine_args(
 
     args = AsyncEngineArgs(
         model=str(model_path),
-        dtype=dtype or ("bfloat16" if cuda else "float32"),  # as the hf engine: fp32 on CPU
+        dtype=dtype or ("bfloat16" if cuda else "float32"),  # the server passes runtime/dtype.py's choice
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(max_batched_tokens, max_num_seqs + 1),
