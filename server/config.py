@@ -246,6 +246,13 @@ class ServerConfig:
         None, "with --replicas on CUDA: GPUs per engine replica (default 1; 0.25 puts four on one GPU)", parse=gpu_share
     )
     router: RouterSettings = field(default_factory=RouterSettings)  # flags: skillpool.router.flags
+    allowed_adapter_paths: str | None = option(  # limits and keys
+        None,
+        "where imports may read adapters on the server's side, comma-separated folders and s3://BUCKET/PREFIX "
+        "URLs: POST /v1/skills/import's adapter_path and /v1/load_lora_adapter's lora_path must lie inside one "
+        "(default: none, only uploaded adapters; env SKILLPOOL_ALLOWED_ADAPTER_PATHS)",
+        env="SKILLPOOL_ALLOWED_ADAPTER_PATHS",
+    )
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
