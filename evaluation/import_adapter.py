@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import tarfile
 from pathlib import Path
 
-from skillpool.trainer.records import JobStatus
-
-from .upload import FollowError, follow
+from .upload import send_and_follow
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what a PEFT LoRA folder holds
 
@@ -45,29 +42,14 @@ def pack(folder: Path) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     """Import, then follow; exit 0 only if the job succeeded. Errors print the server's message."""
-    import httpx
-
     if not args.folder.is_dir():
         print(
             f"{args.folder} is not a folder (a PEFT LoRA folder holds {' and '.join(ADAPTER_FILES)})", file=sys.stderr
         )
         return 1
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     data = {"name": args.name, "force": str(args.force).lower(), "new_version": str(args.new_version).lower()}
     files = {
         "adapter": (f"{args.folder.name}.tar.gz", pack(args.folder)),
         "examples": (args.examples.name, args.examples.read_bytes()),
     }
-    r = httpx.post(f"{args.url}/v1/skills/import", files=files, data=data, headers=headers, timeout=300)
-    if r.status_code != 202:
-        print(f"import refused ({r.status_code}): {r.text}", file=sys.stderr)
-        return 1
-    job = r.json()
-    if not args.no_wait:
-        try:
-            job = follow(args.url, job["id"], f"{args.name} (import)", headers)
-        except FollowError as e:
-            print(str(e), file=sys.stderr)
-            return 1
-    print(json.dumps(job, indent=2))
-    return 0 if args.no_wait or job["status"] == JobStatus.SUCCEEDED else 1
+    return send_and_follow(args, "/v1/skills/import", files, data, "import")

@@ -88,9 +88,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Upload, then follow; exit 0 only if the job succeeded. Errors print the server's message."""
-    import httpx
-
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     data = {
         "name": args.name,
         "config": args.config,
@@ -99,15 +96,18 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.method:
         data["method"] = args.method
-    r = httpx.post(
-        f"{args.url}/tasks",
-        files={"file": (args.file.name, args.file.read_bytes())},
-        data=data,
-        headers=headers,
-        timeout=300,
-    )
+    return send_and_follow(args, "/tasks", {"file": (args.file.name, args.file.read_bytes())}, data, "upload")
+
+
+def send_and_follow(args: argparse.Namespace, path: str, files: dict[str, Any], data: dict[str, str], what: str) -> int:
+    """POST a request that creates a job (`args`: url, api_key, name, no_wait), then follow the job; exit 0 only if
+    it succeeded (or --no-wait). A refusal prints the server's message."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    r = httpx.post(f"{args.url}{path}", files=files, data=data, headers=headers, timeout=300)
     if r.status_code != 202:
-        print(f"upload refused ({r.status_code}): {r.text}", file=sys.stderr)
+        print(f"{what} refused ({r.status_code}): {r.text}", file=sys.stderr)
         return 1
     job = r.json()
     if not args.no_wait:

@@ -42,8 +42,16 @@ def chat_ids(tok: Any, messages: Sequence[dict[str, str]]) -> list[int]:
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def train_peft(base: Path, folder: Path, steps: int = 20, lr: float = 3e-3, **lora: Any) -> Path:
-    """A LoRA trained with plain PEFT on the opposites (answer tokens only), saved by PEFT's save_pretrained."""
+def train_peft(
+    base: Path,
+    folder: Path,
+    steps: int = 20,
+    lr: float = 3e-3,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    **lora: Any,
+) -> Path:
+    """A LoRA trained with plain PEFT on (user turn, answer) `pairs` (default: the opposites), on the answer tokens
+    only, one pair a step, saved by PEFT's save_pretrained."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,9 +61,9 @@ def train_peft(base: Path, folder: Path, steps: int = 20, lr: float = 3e-3, **lo
     config = {"r": 4, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": list(ALL_MODULES), **lora}
     peft_model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **config))
     rows = []
-    for w, o in OPPOSITES.items():
-        prompt = chat_ids(tok, [{"role": "user", "content": f"{INSTRUCTION}\n{w}"}])
-        answer = tok(o + tok.eos_token, add_special_tokens=False)["input_ids"]
+    for user, reply in pairs or [(f"{INSTRUCTION}\n{w}", o) for w, o in OPPOSITES.items()]:
+        prompt = chat_ids(tok, [{"role": "user", "content": user}])
+        answer = tok(reply + tok.eos_token, add_special_tokens=False)["input_ids"]
         rows.append((prompt + answer, [-100] * len(prompt) + answer))
     opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=lr)
     peft_model.train()

@@ -194,23 +194,10 @@ class SkillTrainer:
                 name, block.model, tok, adapter, train, held, cfg, router_tensors, attention, force, check
             )
             check()
-            meta = {
-                **(extra_meta or {}),
-                "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
-                "training": {"method": method, "config": cfg.to_dict(), **block.training},
-                "eval": quality["new"],
-                "quality": quality,
-                "samples": {
-                    "total": len(examples),
-                    "train": len(train),
-                    "eval": len(held),
-                    "replay": len(replay),
-                    "probe": len(probe),
-                },
-                "router": router_meta,
-            }
-            write_adapter = partial(_copy_files, folder)
-            return self.store.write(SkillDraft(name, write_adapter, router_tensors, meta, replay, probe, pseudo))
+            training = {"method": method, "config": cfg.to_dict(), **block.training}
+            samples = {"total": len(examples), "train": len(train), "eval": len(held)}
+            meta = self._meta(extra_meta, training, quality, samples, replay, probe, router_meta)
+            return self._write(name, folder, router_tensors, meta, replay, probe, pseudo)
 
     def adopt(
         self,
@@ -263,23 +250,45 @@ class SkillTrainer:
             quality = {"new": None, "earlier": {}, "passed": True, "forced": False, "reasons": [], "ran": False}
         pseudo = self._pseudo(model, tok, keyed, len(replay), cfg, should_stop) if model is not None else []
         check()
-        meta = {
-            **(extra_meta or {}),
+        training = {"method": IMPORTED, "config": cfg.to_dict(), "adapter": adapter_meta or {}}
+        samples = {"total": len(examples), "keys": len(keyed), "eval": len(gated)}
+        meta = self._meta(extra_meta, training, quality, samples, replay, probe, router_meta)
+        return self._write(name, folder, router_tensors, meta, replay, probe, pseudo)
+
+    def _meta(
+        self,
+        extra: dict[str, Any] | None,
+        training: dict[str, Any],
+        quality: dict[str, Any],
+        samples: dict[str, int],
+        replay: list[Example],
+        probe: list[Example],
+        router: dict[str, Any],
+    ) -> dict[str, Any]:
+        """meta.json of a new version: `extra` as is, then how it was made, its gate and rows, its router's part."""
+        return {
+            **(extra or {}),
             "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
-            "training": {"method": IMPORTED, "config": cfg.to_dict(), "adapter": adapter_meta or {}},
+            "training": training,
             "eval": quality["new"],
             "quality": quality,
-            "samples": {
-                "total": len(examples),
-                "keys": len(keyed),
-                "eval": len(gated),
-                "replay": len(replay),
-                "probe": len(probe),
-            },
-            "router": router_meta,
+            "samples": {**samples, "replay": len(replay), "probe": len(probe)},
+            "router": router,
         }
-        write_adapter = partial(_copy_files, folder)
-        return self.store.write(SkillDraft(name, write_adapter, router_tensors, meta, replay, probe, pseudo))
+
+    def _write(
+        self,
+        name: str,
+        folder: Path,
+        router_tensors: dict[str, Any],
+        meta: dict[str, Any],
+        replay: list[Example],
+        probe: list[Example],
+        pseudo: list[str],
+    ) -> SkillRecord:
+        """One atomic store write: the PEFT files in `folder` and everything beside them."""
+        draft = SkillDraft(name, partial(_copy_files, folder), router_tensors, meta, list(replay), list(probe), pseudo)
+        return self.store.write(draft)
 
     def _keys(self, train: list[Example], check: Callable[[], None]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The skill's router tensors from its training rows, and the router's part of its meta."""

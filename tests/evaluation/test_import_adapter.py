@@ -5,43 +5,26 @@ import exits 1 with the server's message."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-import uvicorn
 
 from skillpool.cli.main import main
 from skillpool.evaluation.import_adapter import pack
-from skillpool.evaluation.process import free_port
 from skillpool.lora.peft_archive import read_tar
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
+from tests.conftest import served
 from tests.peft_adapters import opposite_rows, train_peft
 
 
 @pytest.fixture(scope="module")
 def server(tiny_base, embedder, tmp_path_factory) -> Iterator[tuple[str, object]]:  # type: ignore[no-untyped-def]
     c = build_components(ServerConfig(data_dir=tmp_path_factory.mktemp("data")), base=tiny_base, embedder=embedder)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(c), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            httpx.get(url + "/healthz", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield url, c
-    srv.should_exit = True
-    thread.join(10)
+    with served(create_app(c)) as url:
+        yield url, c
     c.close()
 
 
