@@ -235,20 +235,22 @@ class SkillTrainer:
                 router_tensors.update(tensors)
         check()
         model = tok = None
+        pseudo: list[str] = []
         if router_tensors:
             if self.judge is None or (
                 self.router.mode.learns_projector and self.router.settings.sapt.replay == "pseudo"
             ):
                 model, tok = self._load_base()
+                pseudo = self._pseudo(model, tok, keyed, len(replay), cfg, should_stop)  # before the gate's layers
             else:
                 from transformers import AutoTokenizer
 
                 tok = AutoTokenizer.from_pretrained(str(self.base.path))
+            check()
             attention = router_meta.get("sapt_attention")
             quality = self._gate(name, model, tok, adapter, gated, gated, cfg, router_tensors, attention, force, check)
         else:  # a skill only named requests reach: no route of an earlier skill changes
             quality = {"new": None, "earlier": {}, "passed": True, "forced": False, "reasons": [], "ran": False}
-        pseudo = self._pseudo(model, tok, keyed, len(replay), cfg, should_stop) if model is not None else []
         check()
         training = {"method": IMPORTED, "config": cfg.to_dict(), "adapter": adapter_meta or {}}
         samples = {"total": len(examples), "keys": len(keyed), "eval": len(gated)}
