@@ -187,5 +187,18 @@ class S3Objects(ObjectStore):
 
         return self._call(pages)
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Every object under `prefix` with its size in bytes (what `list` names, read before any is fetched)."""
+
+        def pages() -> dict[str, int]:
+            found: dict[str, int] = {}
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix
+            ):
+                found |= {str(o["Key"])[len(self.prefix) :]: int(o["Size"]) for o in page.get("Contents", [])}
+            return found
+
+        return self._call(pages)
+
     def delete(self, key: str) -> None:
         self._call(lambda: self.client.delete_object(Bucket=self.bucket, Key=self.prefix + key))

@@ -2,10 +2,12 @@
 
 Layout under the data dir:
     skills/<name>/v<N>/adapter_config.json, adapter_model.safetensors   (plain PEFT LoRA)
-                       router.safetensors                                (the router's tensors)
+                       router.safetensors                                (the router's tensors; none: a skill
+                                                                          only named requests reach)
                        meta.json  replay.json  probe.json  pseudo.json
                  state.json                                              (lifecycle: retired, pinned version)
-    tmp/                                                                 (in-progress writes, scratch)
+    tmp/                                                                 (in-progress writes, scratch, and
+                                                                          files staged for a job: stage())
 Only safetensors and JSON are ever read back; names are validated slugs, never raw paths.
 Retiring or rolling back never deletes a version: `state.json` says which one serves (the newest unless
 pinned) and whether the skill is retired, so every server reading the shared store agrees after a restart.
@@ -40,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from skillpool.lora.adapter import PEFT_CONFIG, PEFT_WEIGHTS, LoRAAdapter, load_peft_adapter
 
 from .disk_cache import DEFAULT_CACHE_BYTES, DiskCache
-from .diskio import make_temp_dir, sweep
+from .diskio import make_temp_dir, storage_error, sweep
 from .names import validate_skill_name
 from .objects import CLAIM, FileObjects, ObjectStore, StoreUnavailable, TierCounts
 
@@ -52,6 +54,8 @@ REPLAY = "replay.json"
 PROBE = "probe.json"
 PSEUDO = "pseudo.json"  # SAPT generator samples (trainer/pseudo.py); absent in older skills
 STATE = "state.json"  # per skill, beside its versions: {"retired": bool, "pinned": int | None}
+STAGED = "staged-"  # tmp/ folders of files kept for a job that has yet to run (SkillStore.stage)
+_STAGE_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _VERSION = re.compile(r"^v(\d+)$")
 _ADAPTER = (PEFT_CONFIG, PEFT_WEIGHTS)
 T = TypeVar("T")
@@ -110,6 +114,10 @@ class SkillRecord:
 
     def adapter(self) -> LoRAAdapter:
         return self._read(_ADAPTER, load_peft_adapter, lookup=True)
+
+    def adapter_files(self) -> dict[str, bytes]:
+        """The version's PEFT files as stored, by file name (an export, or a new version that keeps the adapter)."""
+        return self._read(_ADAPTER, lambda d: {n: (d / n).read_bytes() for n in _ADAPTER})
 
     def fetch_adapter(self) -> None:
         """Bring the adapter's files onto this node now (a remote store's disk cache; nothing for a folder), so
@@ -212,6 +220,28 @@ class SkillStore:
         try:
             yield folder
         finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def stage(self, key: str, write: Callable[[Path], None]) -> None:
+        """Keep files for a job that has yet to run (an imported adapter, checked at intake) under tmp/, by the job's
+        `key`: owned by this process, so what a server that died had staged is swept at the next start. A write that
+        fails leaves nothing (StorageError for a full disk)."""
+        folder = make_temp_dir(self.tmp_dir, f"{STAGED}{_stage_key(key)}-")
+        try:
+            write(folder)
+        except BaseException as e:
+            shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise storage_error(e) from e
+            raise
+
+    def staged(self, key: str) -> Path | None:
+        """The folder `stage` wrote for `key`; None when there is none (used, or swept)."""
+        found = sorted(self.tmp_dir.glob(f"{STAGED}{_stage_key(key)}-~*"))
+        return found[0] if found else None
+
+    def unstage(self, key: str) -> None:
+        for folder in self.tmp_dir.glob(f"{STAGED}{_stage_key(key)}-~*"):
             shutil.rmtree(folder, ignore_errors=True)
 
     def state(self, name: str) -> dict[str, Any]:
@@ -353,6 +383,12 @@ def open_store(
             raise ImportError(f"--adapter-store {url} needs boto3: pip install -e '.[cluster]' ({e})") from e
         return SkillStore(data_dir, S3Objects.from_url(url), cache_bytes)
     raise ValueError(f"--adapter-store {url!r}: a path, file://PATH or s3://BUCKET/PREFIX")
+
+
+def _stage_key(key: str) -> str:
+    if not _STAGE_KEY.match(key):
+        raise ValueError(f"a staging key is 1-64 letters, digits, '_' or '-', got {key!r}")
+    return key
 
 
 def _prefix(name: str, version: int) -> str:

@@ -1,7 +1,7 @@
 """`skillpool` console script: the argparse tree, each command's module imported only when that command runs.
 
 serve -> skillpool.server.cli, worker -> skillpool.trainer.jobs.worker, upload -> skillpool.evaluation.upload,
-eval routing|continual|answers|answers-compare -> skillpool.evaluation.routing|continual|answers|answers_compare.
+import -> skillpool.evaluation.import_adapter, eval routing|continual|answers|answers-compare -> skillpool.evaluation.routing|continual|answers|answers_compare.
 So `skillpool worker` never loads the server.
 Each module defines `add_arguments(parser)` and `run(args)`.
 """
@@ -31,6 +31,10 @@ COMMANDS = {
     ),
     "upload": Command(
         "skillpool.evaluation.upload", "upload a task file to a running server and follow the training job"
+    ),
+    "import": Command(
+        "skillpool.evaluation.import_adapter",
+        "import a PEFT LoRA folder and its example requests into a running server as a skill",
     ),
 }
 EVAL = {

@@ -19,11 +19,11 @@ class FollowError(RuntimeError):
 
 
 class UploadRefused(RuntimeError):
-    """POST /tasks answered other than 202; `response` holds the server's answer."""
+    """A request that creates a job (an upload, an import) answered other than 202; `response` holds the answer."""
 
-    def __init__(self, name: str, response: httpx.Response) -> None:
+    def __init__(self, name: str, response: httpx.Response, what: str = "upload") -> None:
         self.response = response
-        super().__init__(f"upload of {name} refused ({response.status_code}): {response.text}")
+        super().__init__(f"{what} of {name} refused ({response.status_code}): {response.text}")
 
 
 class TasksClient:
@@ -67,6 +67,21 @@ class TasksClient:
         r = self.submit(name, body, **fields)
         if r.status_code != 202:
             raise UploadRefused(name, r)
+        job: dict[str, Any] = r.json()
+        return job
+
+    def import_adapter(
+        self, name: str, adapter_tar: bytes, examples: bytes, *, force: bool = False, new_version: bool = False
+    ) -> dict[str, Any]:
+        """POST /v1/skills/import (a PEFT folder as a tar, the examples as JSONL): the import job's record, followed
+        at /tasks/{id} like a training job's; UploadRefused unless the server took it."""
+        data = {"name": name, "force": str(force).lower(), "new_version": str(new_version).lower()}
+        files = {"adapter": (f"{name}.tar.gz", adapter_tar), "examples": (f"{name}.jsonl", examples)}
+        r = httpx.post(
+            f"{self.url}/v1/skills/import", files=files, data=data, headers=self.headers, timeout=self.upload_timeout_s
+        )
+        if r.status_code != 202:
+            raise UploadRefused(name, r, "import")
         job: dict[str, Any] = r.json()
         return job
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from skillpool.trainer.records import JobStatus
 
@@ -27,9 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Upload, then follow; exit 0 only if the job succeeded. Errors print the server's message."""
-    client = TasksClient(args.url, args.api_key)
-    try:
-        job = client.upload(
+    return submit_and_follow(
+        args,
+        lambda client: client.upload(
             args.name,
             args.file.read_bytes(),
             filename=args.file.name,
@@ -37,7 +39,16 @@ def run(args: argparse.Namespace) -> int:
             config=args.config,
             force=args.force,
             new_version=args.new_version,
-        )
+        ),
+    )
+
+
+def submit_and_follow(args: argparse.Namespace, submit: Callable[[TasksClient], dict[str, Any]]) -> int:
+    """Create a job with `submit` (`args`: url, api_key, name, no_wait), follow it unless --no-wait, print it; exit 0
+    only if it succeeded (or --no-wait). A refusal or a lost job prints the server's message and exits 1."""
+    client = TasksClient(args.url, args.api_key)
+    try:
+        job = submit(client)
         if not args.no_wait:
             job = client.follow(job["id"], f"{args.name} ({job['method']})")
     except (UploadRefused, FollowError) as e:

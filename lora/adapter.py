@@ -47,6 +47,15 @@ class UnsupportedAdapter(ValueError):
     pass
 
 
+class AdapterRejected(ValueError):
+    """An adapter brought from outside that cannot serve as a skill: `code` says which check refused it, the message
+    names the file, field, tensor or module (lora/peft_archive.py, lora/peft_checks.py)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def load_peft_adapter(folder: str | Path) -> LoRAAdapter:
     """Read a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors); nothing else is read."""
     folder = Path(folder)
@@ -82,11 +91,13 @@ def save_peft_adapter(
     alpha: float,
     target_modules: Sequence[str],
     dropout: float = 0.0,
+    use_rslora: bool = False,
 ) -> None:
     """Write `adapter` as plain PEFT files (adapter_config.json + adapter_model.safetensors).
 
     PEFT stores one r and lora_alpha for the whole adapter, so every block must have the same rank and
-    scaling alpha / r; anything else would load back (here or in PEFT) with a different delta.
+    scaling alpha / r (alpha / sqrt(r) with `use_rslora`); anything else would load back (here or in PEFT) with a
+    different delta.
     """
     from peft import LoraConfig
 
@@ -94,9 +105,12 @@ def save_peft_adapter(
     if len(ranks) != 1:
         raise ValueError(f"PEFT files hold one rank per adapter, got ranks {sorted(ranks)}")
     (rank,) = ranks
+    scaling = alpha / math.sqrt(rank) if use_rslora else alpha / rank
     for path, f in adapter.modules.items():
-        if not math.isclose(f.scaling, alpha / rank, rel_tol=1e-6):
-            raise ValueError(f"{path}: scaling {f.scaling} differs from alpha / r = {alpha} / {rank}")
+        if not math.isclose(f.scaling, scaling, rel_tol=1e-6):
+            raise ValueError(
+                f"{path}: scaling {f.scaling} differs from the config's {scaling} (alpha {alpha}, r {rank})"
+            )
         if not any(path == t or path.endswith("." + t) for t in target_modules):
             raise ValueError(f"{path} is not matched by target_modules {list(target_modules)}: PEFT would not load it")
     folder = Path(folder)
@@ -105,6 +119,7 @@ def save_peft_adapter(
         r=rank,
         lora_alpha=alpha,  # type: ignore[arg-type]  # annotated int; PEFT scales by a float alpha just the same
         lora_dropout=dropout,
+        use_rslora=use_rslora,
         target_modules=list(target_modules),
         task_type="CAUSAL_LM",
         base_model_name_or_path=base_model_id,

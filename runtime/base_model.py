@@ -5,6 +5,7 @@ Nothing here touches the network: models come from installed packages or local f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -42,6 +43,23 @@ def resolve_device(device: str | None = None) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@functools.lru_cache(maxsize=4)
+def linear_shapes(model_dir: str) -> dict[str, tuple[int, int]]:
+    """Every Linear layer of the model in `model_dir` by module path: (in_features, out_features). Built from its
+    config.json on torch's meta device: no weight is read or allocated."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {
+        name: (int(m.in_features), int(m.out_features))
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    }
 
 
 def cache_dir() -> Path:

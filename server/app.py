@@ -1,5 +1,6 @@
 """FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics), chat/,
-tasks/, models_api (models, retire, rollback), finetune (files, jobs) and admin_api."""
+tasks/, models_api (models, retire, rollback, export), imports/ (adapter imports, vLLM's adapter API), finetune
+(files, jobs) and admin_api."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .components import Components
 from .console import install_console
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
+from .imports import api_router as imports_api
 from .limits import BodyLimit
 from .middleware import AuthAndCount
 from .tasks import api_router as tasks_api
@@ -43,6 +45,7 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     app.include_router(chat_api.api)
     app.include_router(tasks_api.api)
     app.include_router(models_api.api)
+    app.include_router(imports_api.api)
     app.include_router(files_api.api)
     app.include_router(jobs_api.api)
     app.include_router(console_api.api)

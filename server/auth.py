@@ -41,6 +41,7 @@ API_KEY_NAME, ADMIN_KEY_NAME = "api-key", "admin"  # the names the shorthand fla
 _READS = ("GET", "HEAD", "OPTIONS")
 _OWNED = ("/v1/files", "/v1/fine_tuning", "/tasks")  # records that belong to a key
 _OPEN_WRITES = ("/v1/chat/completions",)  # the only write a chat key (or, when open, no key) may make
+_IMPORTS = ("/v1/skills/import", "/v1/load_lora_adapter")  # bring an adapter in: as an upload, a train key's
 # the console's reads (server.console_api): they show no request text, so they are not the admin's alone
 _POOL_READS = frozenset(f"/v1/skillpool/{p}" for p in ("whoami", "routing", "routing/accuracy", "routing/confusion"))
 
@@ -200,7 +201,7 @@ def required_role(method: str, path: str) -> Role:
         return "chat" if path.startswith(_OWNED) else "anonymous"
     if path in _OPEN_WRITES:
         return "anonymous"
-    if path.startswith(_OWNED):
+    if path.startswith(_OWNED) or path in _IMPORTS:
         return "train"
     return "admin"
 

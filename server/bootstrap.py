@@ -14,8 +14,8 @@ from skillpool.router.build import make_embedder, make_router
 from skillpool.router.embedder import Embedder
 from skillpool.runtime.base_model import BaseModel, resolve_base_model, resolve_device
 from skillpool.runtime.dtype import dtype_name, resolve_dtype
-from skillpool.trainer.config import TrainConfig
-from skillpool.trainer.service import SkillTrainer, announcer, make_event_bus, make_job_queue, make_runner
+from skillpool.trainer.config import IMPORTED, TrainConfig
+from skillpool.trainer.service import Job, SkillTrainer, announcer, make_event_bus, make_job_queue, make_runner
 
 from .components import Components
 from .config import ServerConfig
@@ -149,7 +149,12 @@ def build_components(
     )
     runner = make_runner(trainer, metrics.training, lambda: serving_busy(engine)) if cfg.training.run_trainer else None
     stored = announcer(bus, pool.register)  # served here at once, then by every server that reads the bus
-    ended = metrics.training.job_ended
+
+    def ended(job: Job) -> None:
+        metrics.training.job_ended(job)
+        if job.method == IMPORTED:  # cancelled before it ran, too: its staged adapter goes with it
+            store.unstage(job.id)
+
     jobs = make_job_queue(
         cfg.training.redis_url, cfg.storage.data_dir / "jobs", runner, stored, ended, cfg.training.redis_prefix
     )

@@ -191,6 +191,13 @@ class HttpConfig:
         8 * 2**20, "other request bodies beyond this (MiB): 413, counted as they stream", "--max-request-mb", per=2**-20
     )
     max_upload_bytes: int = option(50 * 2**20, "dataset uploads beyond this (MiB): 413", "--max-upload-mb", per=2**-20)
+    allowed_adapter_paths: str | None = option(
+        None,
+        "where imports may read adapters on the server's side, comma-separated folders and s3://BUCKET/PREFIX "
+        "URLs: POST /v1/skills/import's adapter_path and /v1/load_lora_adapter's lora_path must lie inside one "
+        "(default: none, only uploaded adapters; env SKILLPOOL_ALLOWED_ADAPTER_PATHS)",
+        env="SKILLPOOL_ALLOWED_ADAPTER_PATHS",
+    )
 
 
 @dataclass(frozen=True)

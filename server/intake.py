@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.trainer.config import ConfigError, TrainConfig
-from skillpool.trainer.service import Job, JobStatus, method_error, new_job_id
+from skillpool.trainer.service import TERMINAL, Job, JobStatus, method_error, new_job_id
 
 from .auth import Principal, denial
 from .errors import APIError
@@ -32,6 +33,8 @@ class Fields:
 
 TASKS = Fields("method", "force", "name", "config", "invalid_method", "invalid_config")
 FINE_TUNING = Fields("metadata.method", "metadata.force", "suffix", "metadata.config")
+IMPORT = Fields("method", "force", "name", "config")  # an import takes no method nor config: it trains nothing
+LOAD_LORA = Fields("method", "force", "lora_name", "config")  # vLLM's /v1/load_lora_adapter
 
 
 @dataclass
@@ -62,6 +65,19 @@ class JobRequest:
         )
 
 
+def check_name(c: Components, raw: object, f: Fields) -> str:
+    """The skill name a request gives in field f.name: present, a valid name, not the base model's id."""
+    if not isinstance(raw, str):
+        raise APIError(400, f"missing field '{f.name}' (the skill name)", f.name, "missing_name")
+    try:
+        name = validate_skill_name(raw)
+    except InvalidSkillName as e:
+        raise APIError(400, str(e), f.name, "invalid_name") from None
+    if name == c.base.model_id:
+        raise APIError(400, f"skill name {name!r} is the base model's id", f.name, "invalid_name")
+    return name
+
+
 def check_method(c: Components, method: object, f: Fields) -> str:
     if not isinstance(method, str) or (problem := method_error(method, c.router.settings.mode)):
         raise APIError(400, problem or "method must be a string", f.method, f.method_code)
@@ -72,6 +88,50 @@ def check_force(caller: Principal, force: bool, f: Fields) -> None:
     if force and (why := denial(caller, "admin")) is not None:
         status, _, code = why
         raise APIError(status, f"{f.force} (register past the quality gate) needs a key with role admin", f.force, code)
+
+
+def flag(raw: object, field: str) -> bool:
+    """A multipart boolean: true/false/1/0, absent is false."""
+    value = raw or "false"
+    if not isinstance(value, str) or value.lower() not in ("true", "false", "1", "0"):
+        raise APIError(400, f"{field} must be true or false, got {value!r}", field, f"invalid_{field}")
+    return value.lower() in ("true", "1")
+
+
+def exists_error(name: str, version: int, f: Fields, what: str = "train") -> APIError:
+    """409 skill_exists: a name that exists gets a new version only when asked (never overwrite a skill by accident)."""
+    return APIError(
+        409,
+        f"skill {name!r} exists (version {version}); send new_version=true to {what} version {version + 1}, or "
+        "choose another name",
+        f.name,
+        "skill_exists",
+    )
+
+
+def creator(c: Components, name: str) -> tuple[bool, str | None]:
+    """(whether skill `name` exists or is being made, the name of the key that created it). The creator is the
+    owner of its first stored version, or before one is stored, of its oldest unfinished job."""
+    versions = c.store.versions(name)
+    if versions:
+        return True, versions[0].meta.get("owner")
+    pending = [j for j in c.jobs.list() if j.skill == name and j.status not in TERMINAL]
+    return (True, min(pending, key=lambda j: j.created_at).owner) if pending else (False, None)
+
+
+def check_owner(c: Components, caller: Principal, name: str, f: Fields, what: str = "a new version") -> None:
+    """A train key extends (or exports) only the skills it created; the admin any (runs the store and queue reads:
+    call it off the event loop)."""
+    if caller.can("admin"):
+        return
+    found, made_by = creator(c, name)
+    if found and made_by != caller.name:
+        raise APIError(
+            403,
+            f"skill {name!r} was created by another key: {what} needs that key or the admin",
+            f.name,
+            "permission_denied",
+        )
 
 
 def config_values(values: object, f: Fields) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import envelope
 from .middleware import send_json
 
-UPLOADS = ("/tasks", "/v1/files")  # multipart datasets: their own, larger limit
+UPLOADS = ("/tasks", "/v1/files", "/v1/skills/import")  # multipart datasets and adapters: their own, larger limit
 MULTIPART_SLACK = 64 * 1024  # boundaries and the small form fields beside the file
 
 

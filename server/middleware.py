@@ -21,7 +21,7 @@ from .metrics import Metrics
 
 _GUARDED = ("/v1", "/tasks")
 _UNCOUNTED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: not traffic
-_MULTIPART = ("/tasks", "/v1/files")
+_MULTIPART = ("/tasks", "/v1/files", "/v1/skills/import")
 
 
 def json_required(scope: Scope) -> bool:

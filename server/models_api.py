@@ -1,5 +1,6 @@
 """/v1/models and the skill lifecycle: list and retrieve (with a skill's versions and quality report),
-DELETE retires a skill, POST …/rollback serves an earlier version again (admin).
+DELETE retires a skill, POST …/rollback serves an earlier version again (admin), GET …/adapter exports the served
+version's PEFT files.
 
 Retire and rollback write the shared store's state first (adapters_store: nothing is deleted), act on this
 server, then publish an event on the skill-event bus (trainer.bus) so that every other server follows without
@@ -9,23 +10,30 @@ a restart; a server that was down reads the same state when it starts.
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, StrictInt
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.adapters_store.store import SkillRecord
+from skillpool.lora.peft_archive import ADAPTER_FILES, pack_tar
+from skillpool.lora.peft_checks import MAX_RANK, check_peft_files
+from skillpool.runtime.base_model import linear_shapes
 from skillpool.trainer.events import SkillActivated, SkillRetired
 
 from .auth import require
 from .components import components
 from .errors import APIError
+from .intake import Fields, check_owner
 
 if TYPE_CHECKING:
     from .components import Components
 
 api = APIRouter(prefix="/v1/models")
+EXPORT = Fields("method", "force", "model", "config")  # the export's errors name the model
 
 
 class Rollback(BaseModel):
@@ -122,10 +130,45 @@ async def retire_model(request: Request, model_id: str) -> dict[str, Any]:
     if name is None:
         raise _not_found(model_id)
     require(request, "admin", "deleting a model")
+    await retire(c, name)
+    return {"id": model_id, "object": "model", "deleted": True}
+
+
+async def retire(c: Components, name: str) -> None:
+    """Retire served skill `name`: the store's state first, then this server, then every other one (the bus)."""
     c.store.retire(name)
     c.pool.unregister(name)
     await asyncio.to_thread(c.bus.publish, SkillRetired(name))
-    return {"id": model_id, "object": "model", "deleted": True}
+
+
+@api.get("/{model_id}/adapter")
+async def export_adapter(request: Request, model_id: str) -> Response:
+    """The served version of a skill as a tar.gz of its PEFT files (a folder `<skill>-v<version>/`), loadable by
+    `peft.PeftModel.from_pretrained` and vLLM's `--lora-modules`. A train key exports the skills it created, the
+    admin any: the weights are the work of the data their creator uploaded."""
+    c = components(request)
+    name = c.pool.resolve(model_id)
+    rec = c.pool.get(name) if name is not None else None
+    if name is None or rec is None:
+        raise _not_found(model_id)
+    caller = require(request, "train", "exporting a skill's adapter")
+    await asyncio.to_thread(check_owner, c, caller, name, EXPORT, "exporting its adapter")
+    data = await asyncio.to_thread(_export, c, rec)
+    folder = f"{name}-v{rec.version}"
+    headers = {
+        "Content-Disposition": f'attachment; filename="{folder}.tar.gz"',
+        "x-skillpool-version": str(rec.version),
+    }
+    return Response(data, media_type="application/gzip", headers=headers)
+
+
+def _export(c: Components, rec: SkillRecord) -> bytes:
+    """The version's PEFT files, checked and written as an import writes them (our base model's id in the config)."""
+    checked = check_peft_files(rec.adapter_files(), linear_shapes(str(c.base.path)), MAX_RANK, c.base.model_id)
+    with tempfile.TemporaryDirectory(prefix="export-", dir=c.store.tmp_dir) as tmp:
+        checked.save(Path(tmp), c.base.model_id)
+        files = {n: (Path(tmp) / n).read_bytes() for n in ADAPTER_FILES}
+    return pack_tar(files, f"{rec.name}-v{rec.version}")
 
 
 @api.post("/{model_id}/rollback")

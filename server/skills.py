@@ -58,7 +58,10 @@ class SkillPool:
             # the engine reads the adapter from the store when a request first needs it (and again after an
             # LRU eviction), so a 1,000-skill pool costs memory only for the skills in use
             self.engine.add_skill(rec.name, rec.adapter)
-            self.router.add_skill(rec.name, tensors, (rec.meta.get("router") or {}).get("sapt_attention"))
+            if tensors:
+                self.router.add_skill(rec.name, tensors, (rec.meta.get("router") or {}).get("sapt_attention"))
+            else:  # an imported skill without examples: served when named, never routed to (nor its old keys)
+                self.router.remove_skill(rec.name)
             self._records[rec.name] = rec
             self._aliases = {a: n for a, n in self._aliases.items() if n != rec.name}
             if alias := rec.meta.get("fine_tuned_model"):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,32 @@ def wait_fine_tuning(client, job_id: str, timeout: float, poll_s: float) -> Any:
             return job
         time.sleep(poll_s)
     raise AssertionError(f"job {job_id} did not finish")
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """`app` behind a real uvicorn server on a free port of 127.0.0.1, in a thread of this process; its URL."""
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from skillpool.evaluation.process import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    root = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            httpx.get(root + "/healthz", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    try:
+        yield root
+    finally:
+        server.should_exit = True
+        thread.join(10)

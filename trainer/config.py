@@ -10,6 +10,8 @@ from skillpool.runtime.dtype import DTYPES
 
 METHODS = ("isolated", "sapt", "kif")  # each name has its class in trainer/methods (which checks a job's method)
 DEFAULT_METHOD = "isolated"
+# the method an imported adapter's skill and job say it was made by (trained elsewhere: no method of ours ran)
+IMPORTED = "imported"
 KIF_STARTS = ("similar", "latest")  # TrainConfig.kif_start, see trainer/methods/kif.py
 CHECKPOINTING = {"auto": None, "on": True, "off": False}  # TrainConfig.gradient_checkpointing → Schedule's
 # TrainConfig.prompt_variant_copies' bound: one per kind of wording but the first's (prompt_variants.KINDS)

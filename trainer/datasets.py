@@ -7,6 +7,8 @@ Two formats are accepted, one per line (they may not be mixed silently: each lin
 Every example is normalized to {"messages": prompt messages, "answer": str, "route_text": str, "route_input": str}:
 route_text is what the router sees, route_input the same without the instruction (the router's format gate
 and keys use it to follow paraphrased instructions).
+An imported adapter's examples (`answers_optional`) may leave the answer out: a chat row then ends with its user
+turn, an instruction row has no `output`, and the example's answer is "".
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class DatasetError(ValueError):
         super().__init__(f"invalid dataset: {self.total_errors} bad line(s): {shown}{more}")
 
 
-def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError]) -> Example | None:
+def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError], optional: bool) -> Example | None:
     msgs = obj["messages"]
     if not isinstance(msgs, list) or not msgs:
         errs.append(LineError(line, "messages", "must be a non-empty list"))
@@ -65,7 +67,9 @@ def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError]) -> Exa
             errs.append(LineError(line, f"{where}.content", "must be a string"))
             return None
         clean.append({"role": "system" if role == "developer" else role, "content": content})
-    if clean[-1]["role"] != "assistant" or not clean[-1]["content"].strip():
+    if optional and clean[-1]["role"] != "assistant":
+        clean.append({"role": "assistant", "content": ""})  # a request without its answer
+    elif clean[-1]["role"] != "assistant" or not clean[-1]["content"].strip():
         errs.append(
             LineError(line, f"messages[{len(clean) - 1}]", "the last message must be a non-empty assistant answer")
         )
@@ -83,7 +87,7 @@ def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError]) -> Exa
     }
 
 
-def _from_instruction(obj: dict[str, Any], line: int, errs: list[LineError]) -> Example | None:
+def _from_instruction(obj: dict[str, Any], line: int, errs: list[LineError], optional: bool) -> Example | None:
     for key in ("instruction", "input", "output"):
         if key in obj and not isinstance(obj[key], str):
             errs.append(LineError(line, key, "must be a string"))
@@ -92,7 +96,7 @@ def _from_instruction(obj: dict[str, Any], line: int, errs: list[LineError]) -> 
     if not (instruction.strip() or inp.strip()):
         errs.append(LineError(line, "instruction", "instruction and input are both empty"))
         return None
-    if not output.strip():
+    if not output.strip() and not (optional and "output" not in obj):
         errs.append(LineError(line, "output", "must be a non-empty string"))
         return None
     user = "\n".join(p for p in (instruction, inp) if p)
@@ -100,8 +104,11 @@ def _from_instruction(obj: dict[str, Any], line: int, errs: list[LineError]) -> 
     return {"messages": prompt, "answer": output, "route_text": route_text(prompt), "route_input": inp or instruction}
 
 
-def parse_jsonl(data: bytes, min_examples: int = 1, max_examples: int | None = None) -> list[Example]:
-    """Parse and validate a whole upload; raise DatasetError listing every bad line (1-based)."""
+def parse_jsonl(
+    data: bytes, min_examples: int = 1, max_examples: int | None = None, answers_optional: bool = False
+) -> list[Example]:
+    """Parse and validate a whole upload; raise DatasetError listing every bad line (1-based). `answers_optional`:
+    rows may leave out the answer (an imported adapter's examples)."""
     errs: list[LineError] = []
     examples: list[Example] = []
     total = 0
@@ -127,9 +134,9 @@ def parse_jsonl(data: bytes, min_examples: int = 1, max_examples: int | None = N
             errs.append(LineError(n, "", "must be a JSON object"))
             continue
         if "messages" in obj:
-            ex = _from_messages(obj, n, errs)
+            ex = _from_messages(obj, n, errs, answers_optional)
         elif any(k in obj for k in ("instruction", "input", "output")):
-            ex = _from_instruction(obj, n, errs)
+            ex = _from_instruction(obj, n, errs, answers_optional)
         else:
             errs.append(LineError(n, "", "expected a 'messages' list or 'instruction'/'input'/'output' fields"))
             ex = None

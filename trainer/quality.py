@@ -102,7 +102,9 @@ class PoolProbe:
             return {}
         keys = {name: key}
         for rec in self.earlier:
-            self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
+            if tensors_of := rec.router_tensors():  # a skill without keys is never routed to
+                attention_of = (rec.meta.get("router") or {}).get("sapt_attention")
+                self.router.add_skill(rec.name, tensors_of, attention_of)
             keys[rec.name] = judge.registered(rec.name, rec.adapter)
         feats = self.router.features([p["route_text"] for _, p in rows])
         before = [d.route for d in self.router.route_features(feats)]

@@ -1,6 +1,7 @@
 """One training job, start to finish: split, router keys, the new block (a training method: isolated, kif or
 sapt, trainer/methods), the quality gate (held-out bar, earlier skills re-checked through the routed path),
-then one atomic store write."""
+then one atomic store write. An import job (`adopt`) takes its block as given, checked at intake: the same keys,
+gate and write."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ from skillpool.router import Router
 from skillpool.runtime.base_model import BaseModel, resolve_device
 from skillpool.runtime.dtype import dtype_name, resolve_dtype
 
-from .config import TrainConfig
+from .config import IMPORTED, TrainConfig
 from .judge import Judge, LocalJudge
 from .loop import Progress, stop_check
 from .methods import BlockJob, TrainingMethod, method_error, method_for
+from .methods.base import replay_inputs
 from .prompt_variants import with_variants
 from .pseudo import GeneratorConfig, pseudo_replay
 from .quality import PoolProbe, QualityGateFailed, held_out_scores, verdict
@@ -50,6 +52,23 @@ def split_examples(
         held, train = shuffled[:n_eval], shuffled[n_eval:]
     replay = rng.sample(train, max(1, round(len(train) * cfg.replay_fraction))) if train else []
     return train, held, replay, held[: cfg.probe_size]
+
+
+def split_imported(
+    examples: list[Example], cfg: TrainConfig
+) -> tuple[list[Example], list[Example], list[Example], list[Example]]:
+    """An imported adapter's (keyed, gated, replay, probe) rows. Nothing trains on them, so the gate scores every
+    row with an answer (up to max_eval_examples): the forced block answers alike whatever the keys are. The probe is
+    held out of the keys as a trained skill's is (answered rows: later gates score them), the replay is answered."""
+    rng = random.Random(cfg.seed)
+    answered = [e for e in examples if e["answer"].strip()]
+    rng.shuffle(answered)
+    n_probe = min(cfg.probe_size, math.ceil(len(answered) * cfg.eval_fraction)) if len(answered) >= 10 else 0
+    probe = answered[:n_probe]
+    held = {id(e) for e in probe}
+    keyed = [e for e in examples if id(e) not in held]
+    replay = rng.sample(answered, max(1, round(len(answered) * cfg.replay_fraction))) if answered else []
+    return keyed, answered[: cfg.max_eval_examples], replay, probe
 
 
 def _copy_files(src: Path, dst: Path) -> None:
@@ -175,23 +194,103 @@ class SkillTrainer:
                 name, block.model, tok, adapter, train, held, cfg, router_tensors, attention, force, check
             )
             check()
-            meta = {
-                **(extra_meta or {}),
-                "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
-                "training": {"method": method, "config": cfg.to_dict(), **block.training},
-                "eval": quality["new"],
-                "quality": quality,
-                "samples": {
-                    "total": len(examples),
-                    "train": len(train),
-                    "eval": len(held),
-                    "replay": len(replay),
-                    "probe": len(probe),
-                },
-                "router": router_meta,
-            }
-            write_adapter = partial(_copy_files, folder)
-            return self.store.write(SkillDraft(name, write_adapter, router_tensors, meta, replay, probe, pseudo))
+            training = {"method": method, "config": cfg.to_dict(), **block.training}
+            samples = {"total": len(examples), "train": len(train), "eval": len(held)}
+            meta = self._meta(extra_meta, training, quality, samples, replay, probe, router_meta)
+            return self._write(name, folder, router_tensors, meta, replay, probe, pseudo)
+
+    def adopt(
+        self,
+        name: str,
+        folder: Path,
+        examples: list[Example],
+        cfg: TrainConfig,
+        should_stop: Callable[[], bool] | None = None,
+        force: bool = False,
+        extra_meta: dict[str, Any] | None = None,
+        adapter_meta: dict[str, Any] | None = None,
+    ) -> SkillRecord:
+        """Store an imported adapter (PEFT files in `folder`, checked at intake) as skill `name`: router keys from
+        `examples` as a trained skill's (none: a skill served only when named, which `auto` never picks), then the
+        quality gate (earlier skills re-checked whenever it has keys; the block scored on the rows that carry an
+        answer) and one store write. `adapter_meta`: what intake found of the adapter (its rank, source), kept in the
+        meta's `training.adapter`. Raises QualityGateFailed (nothing stored) unless `force`, Cancelled on stop."""
+        check = stop_check(should_stop)
+        check()
+        adapter = load_peft_adapter(folder)
+        keyed, gated, replay, probe = split_imported(examples, cfg)
+        router_tensors: dict[str, Any] = {}
+        router_meta: dict[str, Any] = {"mode": self.router.settings.mode, "keys": False}
+        if keyed:
+            router_tensors, router_meta = self._keys(keyed, check)
+            if self.router.mode.learns_projector:
+                texts = [e["route_text"] for e in keyed]
+                tensors, router_meta["sapt_attention"] = self.router.prepare_sapt(
+                    name,
+                    texts,
+                    [e["route_text"] for e in probe] or texts,
+                    replay_inputs(self.store, self.router, name),
+                    check,
+                )
+                router_tensors.update(tensors)
+        check()
+        model = tok = None
+        pseudo: list[str] = []
+        if router_tensors:
+            if self.judge is None or (
+                self.router.mode.learns_projector and self.router.settings.sapt.replay == "pseudo"
+            ):
+                model, tok = self._load_base()
+                pseudo = self._pseudo(model, tok, keyed, len(replay), cfg, should_stop)  # before the gate's layers
+            else:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(str(self.base.path))
+            check()
+            attention = router_meta.get("sapt_attention")
+            quality = self._gate(name, model, tok, adapter, gated, gated, cfg, router_tensors, attention, force, check)
+        else:  # a skill only named requests reach: no route of an earlier skill changes
+            quality = {"new": None, "earlier": {}, "passed": True, "forced": False, "reasons": [], "ran": False}
+        check()
+        training = {"method": IMPORTED, "config": cfg.to_dict(), "adapter": adapter_meta or {}}
+        samples = {"total": len(examples), "keys": len(keyed), "eval": len(gated)}
+        meta = self._meta(extra_meta, training, quality, samples, replay, probe, router_meta)
+        return self._write(name, folder, router_tensors, meta, replay, probe, pseudo)
+
+    def _meta(
+        self,
+        extra: dict[str, Any] | None,
+        training: dict[str, Any],
+        quality: dict[str, Any],
+        samples: dict[str, int],
+        replay: list[Example],
+        probe: list[Example],
+        router: dict[str, Any],
+    ) -> dict[str, Any]:
+        """meta.json of a new version: `extra` as is, then how it was made, its gate and rows, its router's part."""
+        return {
+            **(extra or {}),
+            "base_model": {"id": self.base.model_id, "fingerprint": self.base.fingerprint},
+            "training": training,
+            "eval": quality["new"],
+            "quality": quality,
+            "samples": {**samples, "replay": len(replay), "probe": len(probe)},
+            "router": router,
+        }
+
+    def _write(
+        self,
+        name: str,
+        folder: Path,
+        router_tensors: dict[str, Any],
+        meta: dict[str, Any],
+        replay: list[Example],
+        probe: list[Example],
+        pseudo: list[str],
+    ) -> SkillRecord:
+        """One atomic store write: the PEFT files in `folder` and everything beside them."""
+        draft = SkillDraft(name, partial(_copy_files, folder), router_tensors, meta, list(replay), list(probe), pseudo)
+        return self.store.write(draft)
 
     def _keys(self, train: list[Example], check: Callable[[], None]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The skill's router tensors from its training rows, and the router's part of its meta."""
@@ -254,4 +353,5 @@ class SkillTrainer:
     def _sync_router(self) -> None:
         """Load every stored skill's router tensors: the SAPT state a new skill learns on top of."""
         for rec in self.store.list_latest():
-            self.router.add_skill(rec.name, rec.router_tensors(), (rec.meta.get("router") or {}).get("sapt_attention"))
+            if tensors := rec.router_tensors():  # a skill without keys is never routed to
+                self.router.add_skill(rec.name, tensors, (rec.meta.get("router") or {}).get("sapt_attention"))

@@ -11,14 +11,25 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 
-from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.trainer.config import DEFAULT_METHOD, TrainConfig
 from skillpool.trainer.datasets import DatasetError, parse_jsonl
 from skillpool.trainer.service import TERMINAL, Example, Job
 
 from ..auth import Principal, principal_of, require
 from ..errors import APIError, parse_json
-from ..intake import TASKS, JobRequest, check_force, check_method, check_room, hold_name, train_config
+from ..intake import (
+    TASKS,
+    JobRequest,
+    check_force,
+    check_method,
+    check_name,
+    check_owner,
+    check_room,
+    exists_error,
+    flag,
+    hold_name,
+    train_config,
+)
 
 if TYPE_CHECKING:
     from ..components import Components
@@ -43,33 +54,18 @@ class TaskServing:
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise APIError(400, "missing multipart field 'file' (a JSONL dataset)", "file", "missing_file")
-        name_raw = form.get("name")
-        if not isinstance(name_raw, str):
-            raise APIError(400, "missing multipart field 'name' (the skill name)", "name", "missing_name")
-        try:
-            name = validate_skill_name(name_raw)
-        except InvalidSkillName as e:
-            raise APIError(400, str(e), "name", "invalid_name") from None
-        if name == c.base.model_id:
-            raise APIError(400, f"skill name {name!r} is the base model's id", "name", "invalid_name")
+        name = check_name(c, form.get("name"), TASKS)
         method = check_method(c, form.get("method") or DEFAULT_METHOD, TASKS)
-        force = _flag(form.get("force"), "force")
+        force = flag(form.get("force"), "force")
         check_force(principal_of(request), force, TASKS)
-        new_version = _flag(form.get("new_version"), "new_version")
+        new_version = flag(form.get("new_version"), "new_version")
         # a name that exists gets a new version only when asked: never overwrite someone's skill by accident
         existing = await asyncio.to_thread(c.store.versions, name)
         if existing and not new_version:
-            raise _exists(name, existing[-1].version)
+            raise exists_error(name, existing[-1].version, TASKS)
         caller = require(request, "train", "uploading a task")  # the middleware checked it too, by path
-        if new_version and not caller.can("admin"):  # a train key extends only the skills it created
-            found, creator = await asyncio.to_thread(_creator, c, name)
-            if found and creator != caller.name:
-                raise APIError(
-                    403,
-                    f"skill {name!r} was created by another key: a new version needs that key or the admin",
-                    "name",
-                    "permission_denied",
-                )
+        if new_version:  # a train key extends only the skills it created
+            await asyncio.to_thread(check_owner, c, caller, name, TASKS)
         raw_cfg = form.get("config")
         cfg_obj = (
             parse_json(raw_cfg, "config", "config", "invalid_config", constants=True)
@@ -121,41 +117,13 @@ class TaskServing:
         return (self.c.jobs.cancel(job_id) or job).to_dict()
 
 
-def _creator(c: Components, name: str) -> tuple[bool, str | None]:
-    """(whether skill `name` exists or is being trained, the name of the key that created it). The creator
-    is the owner of its first stored version, or before one is stored, of its oldest unfinished job."""
-    versions = c.store.versions(name)
-    if versions:
-        return True, versions[0].meta.get("owner")
-    pending = [j for j in c.jobs.list() if j.skill == name and j.status not in TERMINAL]
-    return (True, min(pending, key=lambda j: j.created_at).owner) if pending else (False, None)
-
-
-def _exists(name: str, version: int) -> APIError:
-    return APIError(
-        409,
-        f"skill {name!r} exists (version {version}); send new_version=true to train version {version + 1}, or "
-        "choose another name",
-        "name",
-        "skill_exists",
-    )
-
-
 def _reserve_and_submit(c: Components, job: Job, examples: list[Example], cfg: TrainConfig, new_version: bool) -> None:
     """Queue `job` holding its skill's name (intake.hold_name)."""
 
     def submit() -> None:
         existing = c.store.versions(job.skill)  # the job that held the name until a moment ago may have stored it
         if existing and not new_version:
-            raise _exists(job.skill, existing[-1].version)
+            raise exists_error(job.skill, existing[-1].version, TASKS)
         c.jobs.submit(job, examples, cfg)
 
     hold_name(c, job, TASKS, new_version, submit)
-
-
-def _flag(raw: object, field: str) -> bool:
-    """A multipart boolean: true/false/1/0, absent is false."""
-    value = raw or "false"
-    if not isinstance(value, str) or value.lower() not in ("true", "false", "1", "0"):
-        raise APIError(400, f"{field} must be true or false, got {value!r}", field, f"invalid_{field}")
-    return value.lower() in ("true", "1")

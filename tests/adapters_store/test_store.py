@@ -142,3 +142,33 @@ def test_two_stores_on_one_folder_never_overwrite_a_version(tmp_path: Path) -> N
     (tmp_path / "skills" / "agnews" / "v3" / "x").write_text("busy")
     assert b.write(draft()).version == 4
     assert (tmp_path / "skills" / "agnews" / "v3" / "x").read_text() == "busy"
+
+
+def test_staged_files_wait_for_their_job_and_a_failed_stage_leaves_nothing(tmp_path: Path) -> None:
+    store = SkillStore(tmp_path)
+    store.stage("job-1", write_fake_peft)
+    folder = store.staged("job-1")
+    assert folder is not None and (folder / "adapter_config.json").is_file()
+    assert store.staged("job-2") is None and store.list_latest() == []  # staged files are no skill
+    store.clean_tmp()  # this process is alive: what it staged stays for its job
+    assert store.staged("job-1") == folder
+    store.unstage("job-1")
+    assert store.staged("job-1") is None
+
+    def fails(folder: Path) -> None:
+        (folder / "part").write_text("x")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        store.stage("job-3", fails)
+    assert list(store.tmp_dir.iterdir()) == []
+    with pytest.raises(ValueError):
+        store.stage("../x", write_fake_peft)
+
+
+def test_a_skill_without_router_keys_is_stored_and_read_back(tmp_path: Path) -> None:
+    keyless = draft("pinned")
+    keyless.router_tensors = {}
+    rec = SkillStore(tmp_path).write(keyless)
+    assert SkillStore(tmp_path).get("pinned") == rec and rec.router_tensors() == {}
+    assert set(rec.adapter_files()) == {"adapter_config.json", "adapter_model.safetensors"}

@@ -84,6 +84,21 @@ MATRIX: list[tuple[str, str, dict[str, Any], tuple[int, int, int, int, int]]] = 
         (401, 403, 403, 403, 400),
     ),
     ("GET", "/tasks", {}, (401, 200, 200, 200, 200)),
+    (
+        "POST",
+        "/v1/skills/import",
+        {"data": {"name": "new-skill"}, "files": {"x": ("x", b"")}},
+        (401, 403, 400, 400, 400),
+    ),
+    (
+        "POST",
+        "/v1/skills/import",
+        {"data": {"name": "new-skill", "force": "true"}, "files": {"examples": ("e.jsonl", BAD_JSONL)}},
+        (401, 403, 403, 403, 400),
+    ),
+    ("POST", "/v1/load_lora_adapter", {"json": {"lora_name": "x", "lora_path": "/x"}}, (401, 403, 400, 400, 400)),
+    ("POST", "/v1/unload_lora_adapter", {"json": {"lora_name": "nope"}}, (401, 403, 403, 403, 404)),
+    ("GET", "/v1/models/nope/adapter", {}, (404, 404, 404, 404, 404)),
     ("GET", "/tasks/{job}", {}, (401, 404, 200, 404, 200)),
     ("DELETE", "/tasks/{job}", {}, (401, 403, 409, 404, 409)),
 ]

@@ -133,6 +133,8 @@ def test_roles_by_method_and_path() -> None:
     assert required_role("GET", "/v1/models/x") == "anonymous"
     assert required_role("GET", "/v1/files/x/content") == "chat"
     assert required_role("POST", "/tasks") == "train"
+    assert required_role("POST", "/v1/skills/import") == required_role("POST", "/v1/load_lora_adapter") == "train"
+    assert required_role("POST", "/v1/unload_lora_adapter") == "admin"  # a retire
     assert required_role("POST", "/v1/models/x/rollback") == "admin"
     assert required_role("GET", "/v1/skillpool/fallback_clusters") == "admin"
     assert required_role("PUT", "/v1/something/new") == "admin"  # a new write is closed until given a role

@@ -100,3 +100,20 @@ def test_route_text_is_system_plus_last_user_turn() -> None:
         {"role": "user", "content": "second"},
     ]
     assert route_text(msgs) == "S\nsecond"
+
+
+def test_an_imported_adapters_examples_may_leave_the_answer_out() -> None:
+    chat = {"messages": [{"role": "system", "content": "Classify."}, {"role": "user", "content": "great film"}]}
+    inst = {"instruction": "Classify the review.", "input": "great film"}
+    got = parse_jsonl(jl(chat, inst, GOOD_INST), answers_optional=True)
+    assert [e["answer"] for e in got] == ["", "", "positive"]
+    assert got[0]["messages"] == chat["messages"] and got[0]["route_input"] == "great film"
+    assert got[1]["route_text"] == got[2]["route_text"]  # the same request, with or without its answer
+    with pytest.raises(DatasetError) as e:  # an upload trains on its answers: none may be missing
+        parse_jsonl(jl(chat, inst))
+    assert [(x.line, x.field) for x in e.value.errors] == [(1, "messages[1]"), (2, "output")]
+    with pytest.raises(DatasetError) as e:  # an answer given empty, or a chat without a user turn, is still wrong
+        parse_jsonl(
+            jl({**inst, "output": " "}, {"messages": [{"role": "system", "content": "x"}]}), answers_optional=True
+        )
+    assert [(x.line, x.field) for x in e.value.errors] == [(1, "output"), (2, "messages")]

@@ -51,6 +51,7 @@ class Job:
     events: list[dict[str, Any]] = field(default_factory=list)  # oldest first
     tries: int = 0  # how many times a worker has started it (a Redis job whose worker died is retried)
     owner: str | None = None  # the name (never the secret) of the API key that created it; None: no keys
+    adapter: dict[str, Any] | None = None  # an import job: what intake found of its adapter (rank, modules, source)
 
     def __post_init__(self) -> None:  # a record read back from JSON holds the plain string
         self.status = JobStatus(self.status)
@@ -195,9 +196,13 @@ def _log_gate(job: Job, report: dict[str, Any]) -> None:
         if earlier
         else ""
     )
+    scored = (
+        f"Evaluation ({new.get('metric')}, {new.get('n')} held-out examples): {', '.join(parts)}"
+        if parts
+        else "Evaluation: no held-out answers to score"  # an import whose examples carry none
+    )
     job.log(
-        f"Evaluation ({new.get('metric')}, {new.get('n')} held-out examples): {', '.join(parts)}{drops}; "
-        f"quality gate {verdict}",
+        f"{scored}{drops}; quality gate {verdict}",
         level="info" if report.get("passed") or job.force else "warn",
         kind="metrics",
         data={"quality": report},

@@ -1,4 +1,5 @@
-"""The job runner: how a job queue (local or Redis) runs one job on a `SkillTrainer`."""
+"""The job runner: how a job queue (local or Redis) runs one job on a `SkillTrainer`: a training job, or an import
+job (method "imported") that adopts the adapter intake staged for it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any, Protocol
 
 from skillpool.adapters_store.store import SkillRecord
 
+from ..config import IMPORTED, TrainConfig
 from ..loop import Progress
+from ..records import Example
 from ..skill_trainer import SkillTrainer
 from .job import Job, Runner
 
@@ -54,6 +57,8 @@ def make_runner(
         if alias:
             extra |= {"fine_tuned_model": alias, "fine_tuning_job": job.id}
         try:
+            if job.method == IMPORTED:
+                return _adopt(trainer, job, examples, train_cfg, stop_or_yield, extra)
             return trainer.run(
                 job.skill, examples, train_cfg, job.method, report, stop_or_yield, force=job.force, extra_meta=extra
             )
@@ -62,3 +67,29 @@ def make_runner(
                 observer.training_ended(job.skill)
 
     return run
+
+
+class StagedAdapterGone(FileNotFoundError):
+    """An import job whose checked adapter is no longer staged (the server that took it stopped before it ran)."""
+
+
+def _adopt(
+    trainer: SkillTrainer,
+    job: Job,
+    examples: list[Example],
+    cfg: TrainConfig,
+    should_stop: Callable[[], bool],
+    extra: dict[str, Any],
+) -> SkillRecord:
+    """An import job: its adapter, checked and staged at intake (store.stage under the job's id), becomes the skill;
+    the staged files go whatever the outcome."""
+    folder = trainer.store.staged(job.id)
+    if folder is None:
+        raise StagedAdapterGone(
+            f"the adapter of import job {job.id} is no longer staged (the server that accepted it stopped): import it "
+            "again"
+        )
+    try:
+        return trainer.adopt(job.skill, folder, examples, cfg, should_stop, job.force, extra, job.adapter)
+    finally:
+        trainer.store.unstage(job.id)

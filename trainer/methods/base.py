@@ -47,15 +47,19 @@ class BlockJob:
         return rec
 
     def replay_inputs(self) -> dict[str, list[str]]:
-        """Earlier skills' replay inputs for attentive reflection: their stored real samples, or their
-        generated pseudo inputs when the setting asks for them and the skill has some."""
-        out: dict[str, list[str]] = {}
-        for rec in self.store.list_latest():
-            if rec.name == self.name:
-                continue
-            pseudo = rec.pseudo() if self.router.settings.sapt.replay == "pseudo" else []
-            out[rec.name] = [str(p) for p in pseudo] or [str(e["route_text"]) for e in rec.replay()]
-        return out
+        return replay_inputs(self.store, self.router, self.name)
+
+
+def replay_inputs(store: SkillStore, router: Router, name: str) -> dict[str, list[str]]:
+    """Earlier skills' replay inputs for attentive reflection: their stored real samples, or their generated pseudo
+    inputs when the setting asks for them and the skill has some."""
+    out: dict[str, list[str]] = {}
+    for rec in store.list_latest():
+        if rec.name == name:
+            continue
+        pseudo = rec.pseudo() if router.settings.sapt.replay == "pseudo" else []
+        out[rec.name] = [str(p) for p in pseudo] or [str(e["route_text"]) for e in rec.replay()]
+    return out
 
 
 @dataclass
