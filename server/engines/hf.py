@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,9 @@ from skillpool.lora.bank import LoRABank
 from skillpool.runtime.base_model import resolve_device
 from skillpool.runtime.openmp import as_compute_thread
 
+from .chat_template import encode_chat, takes_tools
 from .detokenize import TextStream
+from .grammar import GrammarCache, Masks
 from .kv import KVBatch, cache_keyword, kv_dtype
 from .kv_budget import KVBudget
 from .packed import pack_linears
@@ -48,6 +50,7 @@ from .protocol import (
     EngineEvent,
     EngineRequest,
     RequestTooLarge,
+    SamplingParams,
     StreamsEvents,
 )
 from .residency import SkillResidency
@@ -102,6 +105,10 @@ class HFEngine(Prefill, StreamsEvents):
         ids = {eos} | (set(cfg_eos) if isinstance(cfg_eos, list) else {cfg_eos})
         self.eos_ids = {i for i in ids if i is not None}
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+        self.takes_tools = takes_tools(self.tokenizer)
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        self.grammars = GrammarCache(self.tokenizer, vocab)  # output constraints, compiled off the loop
+        self.masks = Masks(self.grammars.vocab_size, torch.get_num_threads())
         if max_batched_tokens < max_num_seqs + 1:
             raise ValueError("max_batched_tokens must exceed max_num_seqs (each decode row takes one token a step)")
         if prefix_cache_tokens < 0:
@@ -136,9 +143,14 @@ class HFEngine(Prefill, StreamsEvents):
         self._thread.start()
 
     # --- the contract ---------------------------------------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        return encode_chat(self.tokenizer, messages, tools)
+
+    def prepare(self, params: SamplingParams) -> None:
+        if params.constraint is not None:
+            self.grammars.compile(params.constraint)
 
     def submit(self, req: EngineRequest, sink: Sink) -> None:
         """Queue a request; `sink` receives its events on the engine thread. Raises EngineBusy when full, and
@@ -179,6 +191,7 @@ class HFEngine(Prefill, StreamsEvents):
             "aborted": self._aborted,
             "prefix_cached_tokens": self.prefix.cached_tokens,
             "prefix_hit_tokens": self.prefix.hit_tokens,
+            "grammars_compiled": self.grammars.compiles,
         }
 
     def close(self) -> None:
@@ -295,6 +308,8 @@ class HFEngine(Prefill, StreamsEvents):
             if not self.skills.ensure(needed, keep):
                 return None
             p = s.req.params
+            if p.constraint is not None:  # compiled when the request was prepared: a copy of its initial state
+                s.grammar = self.grammars.matcher(p.constraint)
             if not p.greedy:
                 s.gen = torch.Generator(device=self.device)
                 if p.seed is not None:
@@ -310,7 +325,7 @@ class HFEngine(Prefill, StreamsEvents):
     # --- decode (prefill: prefill.py) ----------------------------------------------------------
     def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
         """Sample each new row's first token; rows that go on join the decode batch."""
-        tokens = sample(logits.float(), group)
+        tokens = sample(self.masks.apply(logits.float(), [s.grammar for s in group]), group)
         keep = [i for i, (s, t) in enumerate(zip(group, tokens)) if self._push(s, t)]
         if not keep:
             return
@@ -340,7 +355,8 @@ class HFEngine(Prefill, StreamsEvents):
         self._kv.stepped(mask)
         if self.on_step is not None:
             self.on_step(len(rows))
-        for s, t in zip(rows, sample(out.logits[:, -1, :].float(), rows)):
+        logits = self.masks.apply(out.logits[:, -1, :].float(), [s.grammar for s in rows])
+        for s, t in zip(rows, sample(logits, rows)):
             if not s.finished:
                 self._push(s, t)
         self._drop_finished()
@@ -368,16 +384,25 @@ class HFEngine(Prefill, StreamsEvents):
         """Record one sampled token and emit its text; False when the row is finished (None: no token could be
         sampled from its logits, and it ends with its own error)."""
         if token is None:
-            self._finish(s, "error", error="the model produced non-finite logits for this request")
+            why = "the model produced non-finite logits"
+            if s.grammar is not None:
+                why = f"no finite token the output constraint allows ({s.grammar.error or 'it allows none here'})"
+            self._finish(s, "error", error=f"{why} for this request")
             return False
         if token in self.eos_ids and not s.req.params.ignore_eos:
             self._finish(s, "stop", text=s.text.finish())
+            return False
+        if s.grammar is not None and not s.grammar.advance(token):
+            self._finish(s, "error", error=f"the output constraint refused a token: {s.grammar.error}")
             return False
         s.out += 1
         s.last = token
         delta, stopped = s.text.push(token)
         if stopped:
             self._finish(s, "stop", text=delta)
+            return False
+        if s.grammar is not None and s.grammar.complete:  # nothing but the end can follow: end without a step
+            self._finish(s, "stop", text=delta + s.text.finish())
             return False
         if s.out >= s.req.params.max_tokens or s.position + 1 >= self.max_context:
             self._finish(s, "length", text=delta + s.text.finish())
