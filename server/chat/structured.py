@@ -97,8 +97,9 @@ _SUBSCHEMAS = (
 
 
 def closed(schema: Any) -> Any:
-    """`strict`: every object schema that lists properties and says nothing of others takes no others, as OpenAI's
-    strict mode requires of a schema (a copy; the client's schema is not changed)."""
+    """The schema with every object that lists properties and says nothing of others taking no others (a copy).
+    A constraint is always built so, as vLLM's default grammar backend (xgrammar's strict mode) builds it and as
+    OpenAI's `strict` asks: a small model free to invent keys may never stop inventing them."""
     if isinstance(schema, list):
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
@@ -116,8 +117,8 @@ def closed(schema: Any) -> Any:
 
 
 def json_constraint(schema: dict[str, Any]) -> Constraint:
-    """A JSON schema as the engine takes it, written in JSON_STYLE."""
-    return Constraint("json", json_text({**schema, "x-guidance": JSON_STYLE}))
+    """A JSON schema as the engine takes it: its objects closed, written in JSON_STYLE."""
+    return Constraint("json", json_text({**closed(schema), "x-guidance": JSON_STYLE}))
 
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -147,7 +148,7 @@ def response_format(value: Any) -> OutputFormat | None:
         raise FormatError(f"{p}.json_schema.strict must be a boolean", f"{p}.json_schema.strict")
     schema = spec.get("schema", ANY_OBJECT)  # OpenAI's schema is optional: any JSON object then
     schema = check_schema(schema, f"{p}.json_schema.schema")
-    return OutputFormat(json_constraint(closed(schema) if strict else schema), f"{p}.json_schema.schema")
+    return OutputFormat(json_constraint(schema), f"{p}.json_schema.schema")  # closed, strict or not
 
 
 def structured_outputs(value: Any, param: str = "structured_outputs") -> OutputFormat | None:

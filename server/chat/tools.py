@@ -49,7 +49,6 @@ class FunctionTool:
     name: str
     description: str | None
     parameters: dict[str, Any]
-    strict: bool = False
 
     def as_openai(self) -> dict[str, Any]:
         fn: dict[str, Any] = {"name": self.name}
@@ -57,11 +56,6 @@ class FunctionTool:
             fn["description"] = self.description
         fn["parameters"] = self.parameters
         return {"type": "function", "function": fn}
-
-    @property
-    def schema(self) -> dict[str, Any]:
-        """The arguments' schema as the call is constrained and checked (closed under `strict`)."""
-        return closed(self.parameters) if self.strict else self.parameters
 
 
 @dataclass(frozen=True)
@@ -101,7 +95,7 @@ def check_tools(value: Any) -> list[FunctionTool]:
             raise FormatError(f"{at}.function.strict must be a boolean", f"{at}.function.strict")
         params = fn.get("parameters")
         params = NO_PARAMETERS if params is None else check_schema(params, f"{at}.function.parameters")
-        out.append(FunctionTool(name, description, params, bool(strict)))
+        out.append(FunctionTool(name, description, params))  # strict or not, a forced call's objects are closed
     return out
 
 
@@ -193,13 +187,13 @@ class ToolSpec:
         return Constraint("grammar", f'{start}\ncall: "{OPEN}\\n" ({alternatives}) "\\n{CLOSE}"\n')
 
     def schemas(self) -> dict[str, dict[str, Any]]:
-        return {t.name: t.schema for t in self.tools}
+        return {t.name: t.parameters for t in self.tools}
 
 
 def call_schema(t: FunctionTool) -> dict[str, Any]:
     """The JSON of one call to `t`: {"name": its name, "arguments": by its schema}. The arguments' `$defs` move to
     the call's root, where their `#/$defs/...` references point."""
-    params = dict(t.schema)
+    params = dict(closed(t.parameters))
     defs: dict[str, Any] = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
     params.pop("$schema", None)
     return {

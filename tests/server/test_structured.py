@@ -46,16 +46,17 @@ def test_json_object_and_json_schema_become_a_json_constraint() -> None:
     assert r.output is not None and schema_of(r.output.constraint) == {"type": "object"}
     fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": OBJ}}
     r = parse(response_format=fmt)
-    assert r.output is not None and schema_of(r.output.constraint) == OBJ
+    assert r.output is not None and schema_of(r.output.constraint) == {**OBJ, "additionalProperties": False}
     assert r.output.param == "response_format.json_schema.schema"
     sp = r.to_sampling_params(room=10, default_max_tokens=5)
     assert sp.constraint == r.output.constraint
     assert parse(response_format={"type": "text"}).output is None
 
 
-def test_strict_closes_every_object_that_lists_properties() -> None:
+@pytest.mark.parametrize("strict", [True, False, None])
+def test_every_object_that_lists_properties_is_closed(strict: bool | None) -> None:
     nested = {"type": "object", "properties": {"b": OBJ, "c": {"type": "array", "items": OBJ}}}
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": nested, "strict": True}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": nested, "strict": strict}}
     got = schema_of(parse(response_format=fmt).output.constraint)  # type: ignore[union-attr]
     assert got == closed(nested)
     assert got["additionalProperties"] is False
@@ -84,8 +85,8 @@ def test_vllm_fields_old_and_new_mean_the_same(fields: dict[str, Any], kind: str
 
 def test_json_is_taken_as_a_schema_or_its_text() -> None:
     for fields in ({"structured_outputs": {"json": OBJ}}, {"structured_outputs": {"json": json.dumps(OBJ)}}):
-        assert schema_of(parse(**fields).output.constraint) == OBJ  # type: ignore[union-attr]
-    assert schema_of(parse(guided_json=OBJ).output.constraint) == OBJ  # type: ignore[union-attr]
+        assert schema_of(parse(**fields).output.constraint) == closed(OBJ)  # type: ignore[union-attr]
+    assert schema_of(parse(guided_json=OBJ).output.constraint) == closed(OBJ)  # type: ignore[union-attr]
     assert schema_of(parse(structured_outputs={"json_object": True}).output.constraint) == {"type": "object"}  # type: ignore[union-attr]
 
 

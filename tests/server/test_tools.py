@@ -138,6 +138,7 @@ def test_the_grammar_of_required_takes_calls_by_their_schemas_only(smollm, paral
     assert not takes(call_text("get_weather", {"unit": "c"}))  # city is required
     assert not takes(call_text("get_weather", {"city": "Paris", "unit": "k"}))
     assert not takes(call_text("get_news", {}))
+    assert not takes(call_text("get_time", {"extra": 1}))  # objects are closed in a forced call
     assert not takes("It is sunny.")
 
 
@@ -148,7 +149,7 @@ def test_pydantic_defs_move_to_the_call_root_where_their_references_point(smollm
         "required": ["unit"],
         "type": "object",
     }
-    tool = FunctionTool("convert", None, params, strict=True)
+    tool = FunctionTool("convert", None, params)
     c = ToolSpec((tool,), "function:convert").constraint()
     assert c is not None
     GrammarCache(AutoTokenizer.from_pretrained(str(smollm.path))).compile(c)  # the reference resolves
