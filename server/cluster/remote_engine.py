@@ -20,16 +20,15 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from skillpool.adapters_store.store import SkillRecord
 
 from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, RequestTooLarge
-from ..engines.chat_template import encode_chat, takes_tools
-from ..engines.grammar import GrammarCache
-from ..engines.protocol import AdapterLoader, SamplingParams
+from ..engines.chat_template import ChatFront
+from ..engines.protocol import AdapterLoader
 from .groups import SkillGroups
 from .hub import STALE_S
 from .replica import Refusal, WireRequest
@@ -54,7 +53,7 @@ def routing_key(mix: Mix, versions: dict[str, int], groups: SkillGroups | None =
     return group or f"{top}#v{version}"
 
 
-class RemoteEngine:
+class RemoteEngine(ChatFront):
     def __init__(
         self,
         handle: Any,
@@ -71,9 +70,8 @@ class RemoteEngine:
 
         self.handle, self.hub, self.keyed, self.barrier_s = handle, hub, keyed, barrier_s
         self.groups = SkillGroups(group_size) if group_size > 1 else None
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        self.takes_tools = takes_tools(self.tokenizer)
-        self.grammars = GrammarCache(self.tokenizer)  # refuses a bad constraint here, before a replica sees it
+        # a bad constraint is refused here, before a replica sees it (each replica compiles it again)
+        self._front(AutoTokenizer.from_pretrained(str(model_path)))
         self.name, self.max_context = "remote", 0
         self._versions: dict[str, int] = {}  # store skills: name -> the version routed to
         self._inline: dict[str, AdapterLoader] = {}  # skills sent by value: name -> its loader
@@ -94,15 +92,6 @@ class RemoteEngine:
         self._started(self.handle.info.remote().result())
 
     # --- the contract ---------------------------------------------------------------------------
-    def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]:
-        return encode_chat(self.tokenizer, messages, tools)
-
-    def prepare(self, params: SamplingParams) -> None:
-        if params.constraint is not None:  # each replica compiles it again, before its engine takes the request
-            self.grammars.compile(params.constraint)
-
     def _wire(self, request: EngineRequest) -> tuple[WireRequest | None, str | None]:
         versions, inline = {}, {}
         with self._lock:

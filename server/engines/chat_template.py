@@ -1,9 +1,13 @@
-"""A chat through the base model's chat template, as token ids: one function for every engine and the ingress."""
+"""The text side every engine shares: a chat through the base model's chat template as token ids, and the output
+constraints checked (compiled, for the hf engine) before a request is submitted."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .grammar import GrammarCache
+from .protocol import SamplingParams
 
 
 def takes_tools(tokenizer: Any) -> bool:
@@ -22,3 +26,27 @@ def encode_chat(
         [dict(m) for m in messages], add_generation_prompt=True, tokenize=False, **extra
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class ChatFront:
+    """Mixed into the engines (and the ingress's remote engine): `encode_chat`, `takes_tools` and `prepare` of the
+    engine contract, over one tokenizer and its compiled constraints."""
+
+    tokenizer: Any
+    takes_tools: bool
+    grammars: GrammarCache
+
+    def _front(self, tokenizer: Any, vocab_size: int | None = None) -> None:
+        """`vocab_size`: the model's logits width where it differs from the tokenizer's."""
+        self.tokenizer = tokenizer
+        self.takes_tools = takes_tools(tokenizer)
+        self.grammars = GrammarCache(tokenizer, vocab_size)  # ~0.3 s: every token's bytes, once
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        return encode_chat(self.tokenizer, messages, tools)
+
+    def prepare(self, params: SamplingParams) -> None:
+        if params.constraint is not None:
+            self.grammars.compile(params.constraint)

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,9 @@ from skillpool.lora.bank import LoRABank
 from skillpool.runtime.base_model import resolve_device
 from skillpool.runtime.openmp import as_compute_thread
 
-from .chat_template import encode_chat, takes_tools
+from .chat_template import ChatFront
 from .detokenize import TextStream
-from .grammar import GrammarCache, Masks
+from .grammar import Masks
 from .kv import KVBatch, cache_keyword, kv_dtype
 from .kv_budget import KVBudget
 from .packed import pack_linears
@@ -50,7 +50,6 @@ from .protocol import (
     EngineEvent,
     EngineRequest,
     RequestTooLarge,
-    SamplingParams,
     StreamsEvents,
 )
 from .residency import SkillResidency
@@ -67,7 +66,7 @@ class _Control:
     args: tuple[Any, ...] = field(default_factory=tuple)
 
 
-class HFEngine(Prefill, StreamsEvents):
+class HFEngine(Prefill, StreamsEvents, ChatFront):
     """Loads a base model once and serves requests with continuous batching and per-row LoRA mixes."""
 
     name = "hf"
@@ -92,7 +91,7 @@ class HFEngine(Prefill, StreamsEvents):
         the memory free after the weights less `kv_reserve_bytes`, kept for a trainer; on CPU no limit)."""
         self.device = torch.device(resolve_device(device))
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         self.bank = LoRABank(self.model, torch.float32 if self.device.type == "cpu" else None)
@@ -100,14 +99,13 @@ class HFEngine(Prefill, StreamsEvents):
         pack_linears(self.model)  # bfloat16 on a CPU: weights in oneDNN's layout once, not on every product
         self.cache_kw = cache_keyword(self.model)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 2048))
-        eos = self.tokenizer.eos_token_id
+        eos = tokenizer.eos_token_id
         cfg_eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         ids = {eos} | (set(cfg_eos) if isinstance(cfg_eos, list) else {cfg_eos})
         self.eos_ids = {i for i in ids if i is not None}
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-        self.takes_tools = takes_tools(self.tokenizer)
-        vocab = int(self.model.get_output_embeddings().weight.shape[0])
-        self.grammars = GrammarCache(self.tokenizer, vocab)  # output constraints, compiled off the loop
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        # the chat template, and output constraints compiled off the loop (ChatFront.prepare)
+        self._front(tokenizer, int(self.model.get_output_embeddings().weight.shape[0]))
         self.masks = Masks(self.grammars.vocab_size, torch.get_num_threads())
         if max_batched_tokens < max_num_seqs + 1:
             raise ValueError("max_batched_tokens must exceed max_num_seqs (each decode row takes one token a step)")
@@ -143,15 +141,6 @@ class HFEngine(Prefill, StreamsEvents):
         self._thread.start()
 
     # --- the contract ---------------------------------------------------------------------------
-    def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]:
-        return encode_chat(self.tokenizer, messages, tools)
-
-    def prepare(self, params: SamplingParams) -> None:
-        if params.constraint is not None:
-            self.grammars.compile(params.constraint)
-
     def submit(self, req: EngineRequest, sink: Sink) -> None:
         """Queue a request; `sink` receives its events on the engine thread. Raises EngineBusy when full, and
         EngineDead once the loop has stopped (under the lock: a request is never queued to a dead loop)."""

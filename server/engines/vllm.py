@@ -20,7 +20,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,7 @@ from transformers import AutoConfig, AutoTokenizer
 from skillpool.lora.concat import adapter_rank, zero_adapter
 from skillpool.runtime.base_model import resolve_device
 
-from .chat_template import encode_chat, takes_tools
-from .grammar import GrammarCache
+from .chat_template import ChatFront
 from .protocol import (
     AdapterLoader,
     Constraint,
@@ -40,7 +38,6 @@ from .protocol import (
     EngineEvent,
     EngineRequest,
     Mix,
-    SamplingParams,
     StreamsEvents,
 )
 from .rows import Sink
@@ -73,7 +70,7 @@ class _Flight:
             log.warning("could not deliver an event")
 
 
-class VLLMEngine(StreamsEvents):
+class VLLMEngine(StreamsEvents, ChatFront):
     name = "vllm"
 
     def __init__(
@@ -102,11 +99,9 @@ class VLLMEngine(StreamsEvents):
         cuda = resolve_device(device).startswith("cuda")
         if not cuda:
             cpu_defaults()
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        self.takes_tools = takes_tools(self.tokenizer)
-        # vLLM compiles constraints itself (its guidance backend: the same llguidance); checked here first, so
-        # both engines refuse the same ones with the same message before anything is submitted
-        self.grammars = GrammarCache(self.tokenizer)
+        # vLLM compiles constraints itself (its guidance backend: the same llguidance); `prepare` checks them first,
+        # so both engines refuse the same ones with the same message before anything is submitted
+        self._front(AutoTokenizer.from_pretrained(str(model_path)))
         config = AutoConfig.from_pretrained(str(model_path))
         self.max_context = int(max_model_len or getattr(config, "max_position_embeddings", None) or 2048)
         self.max_num_seqs, self.max_waiting, self.max_lora_rank = max_num_seqs, max_waiting, max_lora_rank
@@ -183,15 +178,6 @@ class VLLMEngine(StreamsEvents):
         return LoRARequest("skillpool-zero", ZERO_ID, str(folder))
 
     # --- the contract -------------------------------------------------------------------------
-    def encode_chat(
-        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
-    ) -> list[int]:
-        return encode_chat(self.tokenizer, messages, tools)
-
-    def prepare(self, params: SamplingParams) -> None:
-        if params.constraint is not None:
-            self.grammars.compile(params.constraint)
-
     def submit(self, req: EngineRequest, sink: Sink) -> None:
         if not self.healthy():  # vLLM's engine core died (EngineDeadError) or we were closed: fail now
             raise EngineDead(self.name)

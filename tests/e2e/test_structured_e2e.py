@@ -86,17 +86,22 @@ def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_json_object_parses(client, model: str) -> None:  # type: ignore[no-untyped-def]
+def json_object(client: Any, model: str, max_tokens: int) -> None:
+    """A json_object answer ends by itself and parses as an object."""
     r = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Give a JSON object with the name and age of a famous scientist."}],
         response_format={"type": "json_object"},
-        max_tokens=256,
+        max_tokens=max_tokens,
         temperature=0,
     )
     assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_json_object_parses(client, model: str) -> None:  # type: ignore[no-untyped-def]
+    json_object(client, model, 256)
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -153,8 +158,8 @@ def valid_call(call: Any) -> dict[str, Any]:
     return args
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_named_and_required_calls_and_a_result_that_continues(client, model: str) -> None:  # type: ignore[no-untyped-def]
+def named_call(client: Any, model: str) -> Any:
+    """A call forced by name: one, to that function, its arguments valid."""
     named = client.chat.completions.create(
         model=model,
         messages=ASK_WEATHER,
@@ -166,18 +171,28 @@ def test_named_and_required_calls_and_a_result_that_continues(client, model: str
     (call,) = named.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     valid_call(call)
+    return call
+
+
+def result_of(call: Any) -> list[dict[str, Any]]:
+    """The conversation after the call: the question, the assistant's call and the tool's result."""
+    return [
+        *ASK_WEATHER,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})},
+    ]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_named_and_required_calls_and_a_result_that_continues(client, model: str) -> None:  # type: ignore[no-untyped-def]
+    call = named_call(client, model)
     required = client.chat.completions.create(
         model=model, messages=ASK_WEATHER, tools=[WEATHER, CLOCK], tool_choice="required", temperature=0
     )
     assert required.choices[0].finish_reason == "tool_calls"
     assert all(valid_call(c) is not None for c in required.choices[0].message.tool_calls)
-    follow_up = [
-        *ASK_WEATHER,
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})},
-    ]
     answer = client.chat.completions.create(
-        model=model, messages=follow_up, tools=[WEATHER, CLOCK], max_tokens=64, temperature=0
+        model=model, messages=result_of(call), tools=[WEATHER, CLOCK], max_tokens=64, temperature=0
     )
     message = answer.choices[0].message
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")

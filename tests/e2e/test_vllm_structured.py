@@ -13,7 +13,19 @@ import jsonschema
 import pytest
 
 from skillpool.evaluation.process import ServerProcess
-from tests.e2e.test_structured_e2e import ASK_WEATHER, BASE, CLOCK, WEATHER, City, json_schema, serve, valid_call
+from tests.e2e.test_structured_e2e import (
+    ASK_WEATHER,
+    BASE,
+    CLOCK,
+    WEATHER,
+    City,
+    json_object,
+    json_schema,
+    named_call,
+    result_of,
+    serve,
+    valid_call,
+)
 from tests.schema_family import schema_family
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -31,15 +43,7 @@ def client(tmp_path_factory) -> Iterator[Any]:  # type: ignore[no-untyped-def]
 
 
 def test_json_object_on_the_base_model(client) -> None:  # type: ignore[no-untyped-def]
-    r = client.chat.completions.create(
-        model=BASE,
-        messages=[{"role": "user", "content": "Give a JSON object with the name and age of a famous scientist."}],
-        response_format={"type": "json_object"},
-        max_tokens=128,
-        temperature=0,
-    )
-    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
-    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    json_object(client, BASE, 128)
 
 
 def test_schemas_validate_whole_and_streamed_on_a_mix(client) -> None:  # type: ignore[no-untyped-def]
@@ -77,27 +81,13 @@ def test_parse_on_a_skill_and_a_choice_on_auto(client) -> None:  # type: ignore[
 
 
 def test_a_named_call_on_auto_a_required_one_on_a_mix_and_a_result(client) -> None:  # type: ignore[no-untyped-def]
-    named = client.chat.completions.create(
-        model="auto",
-        messages=ASK_WEATHER,
-        tools=[WEATHER, CLOCK],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        temperature=0,
-    )
-    assert named.choices[0].finish_reason == "tool_calls"
-    (call,) = named.choices[0].message.tool_calls
-    valid_call(call)
+    call = named_call(client, "auto")
     required = client.chat.completions.create(
         model=MIX, messages=ASK_WEATHER, tools=[WEATHER, CLOCK], tool_choice="required", parallel_tool_calls=False
     )
     assert required.choices[0].finish_reason == "tool_calls"
     valid_call(required.choices[0].message.tool_calls[0])
-    follow_up = [
-        *ASK_WEATHER,
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})},
-    ]
     answer = client.chat.completions.create(
-        model="skill-0001", messages=follow_up, tools=[WEATHER], tool_choice="none", max_tokens=16, temperature=0
+        model="skill-0001", messages=result_of(call), tools=[WEATHER], tool_choice="none", max_tokens=16, temperature=0
     )
     assert answer.choices[0].message.content

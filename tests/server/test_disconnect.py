@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
-from skillpool.evaluation.process import free_port
-from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
 from tests.conftest import make_tiny_base
+from tests.server.live import live
 
 
 @pytest.fixture(scope="module")
@@ -24,21 +21,8 @@ def url(smollm, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no
     # one slot: a second request waits in the queue while the first decodes
     cfg = ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_batch_size=1)
     c = build_components(cfg, base=base, embedder=embedder)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(c), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            httpx.get(root + "/healthz", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield root
-    server.should_exit = True
-    thread.join(10)
+    with live(c) as root:
+        yield root
     c.close()
 
 

@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
 import httpx
 import jsonschema
 import pytest
-import uvicorn
 from pydantic import BaseModel, Field
 
 from load_tests.fixtures import random_skills, write_store
-from skillpool.evaluation.process import free_port
-from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
 from tests.schema_family import schema_family
+from tests.server.live import live
 
 MODELS = ["auto", "skill-0000", "skill-0000=0.6,skill-0001=0.4", "base"]
 USER = [{"role": "user", "content": "Describe a pet as JSON."}]
@@ -59,21 +55,8 @@ def url(tiny_base, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore
     config = json.loads((tiny_base.path / "config.json").read_text())
     write_store(data, random_skills(config, 2, rank=4, alpha=8.0), model=tiny_base.path)
     c = build_components(ServerConfig(data_dir=data, default_max_tokens=400), base=tiny_base, embedder=embedder)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(c), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    root = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            httpx.get(root + "/healthz", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield root
-    server.should_exit = True
-    thread.join(10)
+    with live(c) as root:
+        yield root
     c.close()
 
 
