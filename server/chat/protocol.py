@@ -87,7 +87,7 @@ def _content_schema(schema: dict[str, Any]) -> None:
 
 class FunctionCall(BaseModel):
     name: str
-    arguments: str = Field(description="the arguments as a JSON object's text")
+    arguments: str = Field(default="{}", description="the arguments as a JSON object's text")
 
 
 class AssistantToolCall(BaseModel):

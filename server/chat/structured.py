@@ -55,11 +55,13 @@ def check_schema(schema: Any, param: str) -> dict[str, Any]:
     """A JSON schema from a client, bounded and valid for its draft (2020-12 unless `$schema` names another)."""
     if not isinstance(schema, dict):
         raise FormatError(f"{param} must be a JSON schema object", param)
+    if (depth := _depth(schema)) > MAX_SCHEMA_DEPTH:  # first: the checks below recurse through the schema
+        raise FormatError(f"{param} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are taken", param)
     text = json_text(schema)
     if len(text) > MAX_SCHEMA_CHARS:
         raise FormatError(f"{param} is {len(text)} characters of JSON; at most {MAX_SCHEMA_CHARS} are taken", param)
-    if (depth := _depth(schema)) > MAX_SCHEMA_DEPTH:
-        raise FormatError(f"{param} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are taken", param)
+    if not isinstance(schema.get("$schema", ""), str):
+        raise FormatError(f"{param}.$schema must be a string (a meta-schema's URI)", param)
     try:
         validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except SchemaError as e:

@@ -140,8 +140,14 @@ def check_tool_messages(messages: Sequence[dict[str, Any]]) -> None:
     """Every `tool` message answers a call of an earlier assistant message that no other tool message answered."""
     open_calls: set[str] = set()
     for i, m in enumerate(messages):
+        calls = m.get("tool_calls")
+        if calls is not None and (m.get("role") != "assistant" or not isinstance(calls, list)):
+            raise FormatError(
+                f"messages[{i}].tool_calls: only an assistant message carries a list of calls",
+                f"messages[{i}].tool_calls",
+            )
         if m.get("role") == "assistant":
-            for j, call in enumerate(m.get("tool_calls") or []):
+            for j, call in enumerate(calls or []):
                 open_calls.add(check_tool_call(call, f"messages[{i}].tool_calls[{j}]")[0])
         elif m.get("role") == "tool":
             cid = m.get("tool_call_id")

@@ -128,6 +128,7 @@ def deep(n: int) -> dict[str, Any]:
             f"at most {MAX_SCHEMA_CHARS}",
         ),
         ({"structured_outputs": {"json": "{oops"}}, "structured_outputs.json", "not valid JSON"),
+        ({"structured_outputs": {"json": {"$schema": {}}}}, "structured_outputs.json", "$schema must be a string"),
         ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "1 to 1024 non-empty strings"),
         ({"structured_outputs": {"regex": ""}}, "structured_outputs.regex", "non-empty string"),
         ({"structured_outputs": {"regex": "a\x00"}}, "structured_outputs.regex", "NUL"),

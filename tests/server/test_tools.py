@@ -81,6 +81,7 @@ def spec(choice: str = "auto", parallel: bool = True) -> ToolSpec:
         ),
         ({"tools": [WEATHER], "parallel_tool_calls": "no"}, "parallel_tool_calls", "must be a boolean"),
         ({"messages": [USER, RESULT]}, "messages[1].tool_call_id", "answers no earlier assistant tool call"),
+        ({"messages": [USER, {**USER, "tool_calls": []}]}, "messages[1].tool_calls", "only an assistant message"),
         ({"messages": [USER, CALLED, RESULT, RESULT]}, "messages[3].tool_call_id", "answers no earlier"),
         (
             {
