@@ -26,7 +26,7 @@ from typing import Any
 
 from skillpool.adapters_store.store import SkillRecord
 
-from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, RequestTooLarge
+from ..engines import ConstraintError, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, RequestTooLarge
 from ..engines.chat_template import ChatFront
 from ..engines.protocol import AdapterLoader
 from .groups import SkillGroups
@@ -153,7 +153,7 @@ class RemoteEngine(ChatFront):
             try:
                 async for ev in self.generate(request):
                     sink(ev)
-            except (EngineBusy, EngineDead, RequestTooLarge) as e:
+            except (EngineBusy, EngineDead, RequestTooLarge, ConstraintError) as e:
                 sink(EngineEvent(finish_reason="error", error=str(e)))
 
         threading.Thread(target=asyncio.run, args=(pump(),), name=f"skillpool-remote-{next(_ids)}", daemon=True).start()
