@@ -110,7 +110,8 @@ def main() -> int:
     prompts = [f"Write about the history of {TOPICS[i % len(TOPICS)]}." for i in range(args.clients * args.per_client)]
     fmt = {"type": "json_schema", "json_schema": {"name": "summary", "schema": schema(args.min_chars)}}
     with tempfile.TemporaryDirectory() as tmp:
-        flags = ["--engine", args.engine, "--max-batch-size", str(args.clients)]
+        # no prefix cache: the two kinds of round send the same prompts, and the later would find them cached
+        flags = ["--engine", args.engine, "--max-batch-size", str(args.clients), "--prefix-cache-tokens", "0"]
         with ServerProcess(Path(tmp) / "data", flags, startup_s=900) as srv:
             client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
             one(client, prompts[0], 4, None)  # warm-up: the first forward's one-time costs
