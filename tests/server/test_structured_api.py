@@ -53,7 +53,14 @@ class Pet(BaseModel):
 def url(tiny_base, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
     data = tmp_path_factory.mktemp("data")
     config = json.loads((tiny_base.path / "config.json").read_text())
-    write_store(data, random_skills(config, 2, rank=4, alpha=8.0), model=tiny_base.path)
+    # skill-0000's keys from prompts like USER's: `auto` routes USER to it (a skill, not the base model)
+    pets = [f"Describe a {pet} as JSON." for pet in ("pet", "cat", "dog", "fish", "bird", "horse", "rabbit", "mouse")]
+    weather = [f"What is the weather like in {c}?" for c in ("Paris", "Oslo", "Rome", "Lima", "Cairo", "Tokyo")]
+
+    def keys(router: Any, i: int) -> dict[str, Any]:
+        return router.prepare_keys(pets if i == 0 else weather * 2)
+
+    write_store(data, random_skills(config, 2, rank=4, alpha=8.0), model=tiny_base.path, keys=keys)
     c = build_components(ServerConfig(data_dir=data, default_max_tokens=400), base=tiny_base, embedder=embedder)
     with live(c) as root:
         yield root
@@ -176,6 +183,17 @@ def test_a_streamed_call_arrives_as_tool_call_deltas(client) -> None:  # type: i
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     args = json.loads(calls[0].function.arguments)
     jsonschema.validate(args, WEATHER["function"]["parameters"])
+
+
+def test_routing_is_the_same_with_a_schema_or_tools(client) -> None:  # type: ignore[no-untyped-def]
+    def route(**fields: Any) -> str:
+        raw = client.chat.completions.with_raw_response.create(model="auto", messages=USER, max_tokens=4, **fields)
+        return str(raw.headers["x-skillpool-route"])
+
+    free = route()
+    assert free.startswith("skill-0000")
+    assert route(response_format=json_schema(schema_family(seed=5, n=1)[0])) == free
+    assert route(tools=[WEATHER], tool_choice="required") == free  # the tools' system prompt is not routed on
 
 
 def test_a_new_schema_compiles_once_then_comes_from_the_cache(url: str, client) -> None:  # type: ignore[no-untyped-def]

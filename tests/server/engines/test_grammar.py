@@ -80,10 +80,26 @@ def test_a_mask_allows_exactly_what_the_grammar_allows(cache: GrammarCache, toke
     allowed = set(torch.nonzero(torch.isfinite(logits[0])).flatten().tolist())
     firsts = {ids(tokenizer, c)[0] for c in CHOICES}
     assert firsts <= allowed and len(allowed) < 50  # a few prefixes of the three words, nothing else
+    assert tokenizer.eos_token_id not in allowed  # the row cannot end before its grammar accepts
     assert bool(torch.isfinite(logits[1]).all())  # the free row is untouched
     for t in ids(tokenizer, "negative"):
         assert g.advance(t)
     assert g.complete and g.error is None
+
+
+def test_the_end_is_allowed_once_the_grammar_accepts(cache: GrammarCache, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    masks = Masks(cache.vocab_size)
+    g = cache.matcher(Constraint("regex", "[0-9]+"))
+    eos = tokenizer.eos_token_id
+
+    def allows_end() -> bool:
+        logits = torch.zeros(1, cache.vocab_size)
+        masks.apply(logits, [g])
+        return bool(torch.isfinite(logits[0, eos]))
+
+    assert not allows_end()
+    assert g.advance(ids(tokenizer, "7")[0])
+    assert allows_end() and not g.complete  # accepting, and more digits may follow
 
 
 def test_a_grammar_in_error_allows_nothing_and_its_row_fails_alone(cache: GrammarCache, tokenizer) -> None:  # type: ignore[no-untyped-def]
