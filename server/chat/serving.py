@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
@@ -20,10 +20,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from skillpool.router import Decision
 from skillpool.router.texts import route_text
 
-from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, RequestTooLarge
+from ..engines import (
+    ConstraintError,
+    EngineBusy,
+    EngineDead,
+    EngineEvent,
+    EngineRequest,
+    RequestTooLarge,
+    SamplingParams,
+)
 from ..errors import APIError
 from .protocol import ChatCompletionRequest, chat_chunk, chat_completion, completion_id, route_field
 from .target import resolve_target
+from .tools import CallReader, CallStream, ToolCall
 
 if TYPE_CHECKING:
     from ..components import Components
@@ -40,8 +49,9 @@ class ChatServing:
         c = self.c
         target = resolve_target(c, body.model)
         messages = body.chat_messages()
+        prompt, tools = body.template_input(c.engine.takes_tools)
         # a long prompt takes seconds to template and tokenize: never on the event loop
-        prompt_ids = await asyncio.to_thread(c.engine.encode_chat, messages)
+        prompt_ids = await asyncio.to_thread(c.engine.encode_chat, prompt, tools)
         room = c.engine.max_context - len(prompt_ids)
         max_tokens = body.requested_max_tokens
         if room < 1 or (max_tokens is not None and max_tokens > room):
@@ -52,6 +62,8 @@ class ChatServing:
                 "messages" if room < 1 else "max_tokens",
                 "context_length_exceeded",
             )
+        sampling = body.to_sampling_params(room, c.cfg.serving.default_max_tokens)
+        await self._prepare(body, sampling)
         try:
             decision = await c.routing.decide(route_text(messages), target)
         except EngineBusy as e:
@@ -63,7 +75,6 @@ class ChatServing:
         if c.store.remote:  # the mix's adapters onto this node's disk now, off the engine's thread
             await asyncio.to_thread(c.pool.fetch_adapters, decision.mix)
         cid = completion_id()
-        sampling = body.to_sampling_params(room, c.cfg.serving.default_max_tokens)
         events = c.engine.generate(EngineRequest(cid, prompt_ids, sampling, decision.mix))
         try:
             first = await _first_event(request, events)  # submits: a full queue answers 429 before any response
@@ -73,6 +84,8 @@ class ChatServing:
             raise APIError(503, str(e), None, "engine_unavailable") from None
         except RequestTooLarge as e:  # more KV than the engine has, even alone: waiting would not help
             raise APIError(400, str(e), "max_tokens", "context_length_exceeded") from None
+        except ConstraintError as e:  # a replica's grammar engine refused it (the ingress checks first)
+            raise APIError(400, str(e), body.output.param if body.output else None, "invalid_value") from None
         if first is None:  # the client left while the request waited for a slot or its prefill
             return Response(status_code=499)
         if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine
@@ -93,6 +106,17 @@ class ChatServing:
                 headers=headers,
             )
         return await self._complete(request, cid, stream, body, decision, len(prompt_ids), headers)
+
+    async def _prepare(self, body: ChatCompletionRequest, sampling: SamplingParams) -> None:
+        """The request's constraint compiled (or found compiled) off the event loop and the engine's loop; what the
+        grammar engine refuses is a 400 naming the field it came from."""
+        if sampling.constraint is None:
+            return
+        try:
+            await asyncio.to_thread(self.c.engine.prepare, sampling)
+        except ConstraintError as e:
+            param = body.output.param if body.output is not None else None
+            raise APIError(400, f"{param}: {e}", param, "invalid_value") from None
 
     def _count_label(self, expected: str, decision: Decision) -> None:
         """Live routing accuracy from labelled traffic: was the top-1 route the skill the client expected?
@@ -151,7 +175,18 @@ class ChatServing:
         except RuntimeError as e:
             raise APIError(500, f"generation failed: {e}", None, "internal_error") from None
         usage = {"prompt_tokens": n_prompt, "completion_tokens": ntok, "total_tokens": n_prompt + ntok}
-        return JSONResponse(chat_completion(cid, body.model, "".join(parts), finish, usage, d), headers=headers)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(parts)}
+        spec = body.tool_spec
+        if spec is not None and spec.active:
+            content, calls = CallReader(spec).read(message["content"])
+            if calls:
+                message = {
+                    "role": "assistant",
+                    "content": content or None,
+                    "tool_calls": [t.as_openai() for t in calls],
+                }
+                finish = "tool_calls" if finish == "stop" else finish
+        return JSONResponse(chat_completion(cid, body.model, message, finish, usage, d), headers=headers)
 
     async def _stream(
         self, cid: str, stream: AsyncIterator[EngineEvent], body: ChatCompletionRequest, d: Decision, n_prompt: int
@@ -163,13 +198,31 @@ class ChatServing:
 
         yield sse(chat_chunk(cid, body.model, created, {"role": "assistant", "content": ""}, skillpool=route_field(d)))
         ntok = 0
+        spec = body.tool_spec
+        calls = CallStream(spec) if spec is not None and spec.active else None
+
+        def deltas(items: Iterable[str | ToolCall]) -> Iterator[str]:
+            for item in items:
+                if isinstance(item, str):
+                    yield sse(chat_chunk(cid, body.model, created, {"content": item}))
+                else:  # a call goes out whole, as the first (and only) delta of its index
+                    assert calls is not None
+                    call = {"index": len(calls.calls) - 1, **item.as_openai()}
+                    yield sse(chat_chunk(cid, body.model, created, {"tool_calls": [call]}))
+
         try:
             async for ev in _closing(stream):
                 ntok = ev.tokens
                 if ev.text:
-                    yield sse(chat_chunk(cid, body.model, created, {"content": ev.text}))
+                    for chunk in deltas(calls.push(ev.text) if calls is not None else [ev.text]):
+                        yield chunk
                 if ev.finish_reason is not None:
-                    yield sse(chat_chunk(cid, body.model, created, {}, ev.finish_reason))
+                    finish = ev.finish_reason
+                    if calls is not None:
+                        for chunk in deltas(calls.finish()):
+                            yield chunk
+                        finish = "tool_calls" if calls.calls and finish == "stop" else finish
+                    yield sse(chat_chunk(cid, body.model, created, {}, finish))
         except Exception as e:  # headers are gone: report in-band, as OpenAI does
             log.exception("stream failed")
             yield sse(

@@ -20,13 +20,14 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from skillpool.adapters_store.store import SkillRecord
 
-from ..engines import EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, RequestTooLarge
+from ..engines import ConstraintError, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, RequestTooLarge
+from ..engines.chat_template import ChatFront
 from ..engines.protocol import AdapterLoader
 from .groups import SkillGroups
 from .hub import STALE_S
@@ -52,7 +53,7 @@ def routing_key(mix: Mix, versions: dict[str, int], groups: SkillGroups | None =
     return group or f"{top}#v{version}"
 
 
-class RemoteEngine:
+class RemoteEngine(ChatFront):
     def __init__(
         self,
         handle: Any,
@@ -69,7 +70,8 @@ class RemoteEngine:
 
         self.handle, self.hub, self.keyed, self.barrier_s = handle, hub, keyed, barrier_s
         self.groups = SkillGroups(group_size) if group_size > 1 else None
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        # a bad constraint is refused here, before a replica sees it (each replica compiles it again)
+        self._front(AutoTokenizer.from_pretrained(str(model_path)))
         self.name, self.max_context = "remote", 0
         self._versions: dict[str, int] = {}  # store skills: name -> the version routed to
         self._inline: dict[str, AdapterLoader] = {}  # skills sent by value: name -> its loader
@@ -90,10 +92,6 @@ class RemoteEngine:
         self._started(self.handle.info.remote().result())
 
     # --- the contract ---------------------------------------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def _wire(self, request: EngineRequest) -> tuple[WireRequest | None, str | None]:
         versions, inline = {}, {}
         with self._lock:
@@ -155,7 +153,7 @@ class RemoteEngine:
             try:
                 async for ev in self.generate(request):
                     sink(ev)
-            except (EngineBusy, EngineDead, RequestTooLarge) as e:
+            except (EngineBusy, EngineDead, RequestTooLarge, ConstraintError) as e:
                 sink(EngineEvent(finish_reason="error", error=str(e)))
 
         threading.Thread(target=asyncio.run, args=(pump(),), name=f"skillpool-remote-{next(_ids)}", daemon=True).start()

@@ -25,7 +25,7 @@ from typing import Any
 from skillpool.adapters_store.store import SkillStore
 from skillpool.lora.adapter import LoRAAdapter
 
-from ..engines import Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, RequestTooLarge
+from ..engines import ConstraintError, Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, RequestTooLarge
 from ..engines.protocol import AdapterLoader
 from .hub import POLL_S, Command, PollReply, hub_handle
 
@@ -48,7 +48,7 @@ class WireRequest:
 class Refusal:
     """The engine refused the request at submit: the ingress raises the matching exception (429, 503, 400)."""
 
-    kind: str  # busy | dead | too_large
+    kind: str  # busy | dead | too_large | constraint
     message: str
     waiting: int = 0
     retry_after_s: int = 1
@@ -58,6 +58,8 @@ class Refusal:
             return EngineBusy(self.waiting, self.retry_after_s)
         if self.kind == "dead":
             return EngineDead(self.message)
+        if self.kind == "constraint":
+            return ConstraintError(self.message)
         return RequestTooLarge(self.message)
 
 
@@ -207,6 +209,7 @@ class EngineReplica:
             loop.call_soon_threadsafe(events.put_nowait, ev)
 
         try:
+            await asyncio.to_thread(self.engine.prepare, request.params)  # its constraint compiled off the loop
             self.engine.submit(request, sink)
         except EngineBusy as e:
             yield Refusal("busy", str(e), e.waiting, e.retry_after_s)
@@ -216,6 +219,9 @@ class EngineReplica:
             return
         except RequestTooLarge as e:
             yield Refusal("too_large", str(e))
+            return
+        except ConstraintError as e:
+            yield Refusal("constraint", str(e))
             return
         finished = False
         try:

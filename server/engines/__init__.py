@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from .protocol import (
+    Constraint,
+    ConstraintError,
     Engine,
     EngineBusy,
     EngineDead,
@@ -17,6 +19,8 @@ ENGINES = ("hf", "vllm")  # vllm is imported only when chosen (bash setup.sh --e
 
 __all__ = [
     "ENGINES",
+    "Constraint",
+    "ConstraintError",
     "Engine",
     "EngineBusy",
     "EngineDead",

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,9 @@ from skillpool.lora.bank import LoRABank
 from skillpool.runtime.base_model import resolve_device
 from skillpool.runtime.openmp import as_compute_thread
 
+from .chat_template import ChatFront
 from .detokenize import TextStream
+from .grammar import Masks
 from .kv import KVBatch, cache_keyword, kv_dtype
 from .kv_budget import KVBudget
 from .packed import pack_linears
@@ -64,7 +66,7 @@ class _Control:
     args: tuple[Any, ...] = field(default_factory=tuple)
 
 
-class HFEngine(Prefill, StreamsEvents):
+class HFEngine(Prefill, StreamsEvents, ChatFront):
     """Loads a base model once and serves requests with continuous batching and per-row LoRA mixes."""
 
     name = "hf"
@@ -89,7 +91,7 @@ class HFEngine(Prefill, StreamsEvents):
         the memory free after the weights less `kv_reserve_bytes`, kept for a trainer; on CPU no limit)."""
         self.device = torch.device(resolve_device(device))
         dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' stubs type .to oddly
         self.bank = LoRABank(self.model, torch.float32 if self.device.type == "cpu" else None)
@@ -97,11 +99,14 @@ class HFEngine(Prefill, StreamsEvents):
         pack_linears(self.model)  # bfloat16 on a CPU: weights in oneDNN's layout once, not on every product
         self.cache_kw = cache_keyword(self.model)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 2048))
-        eos = self.tokenizer.eos_token_id
+        eos = tokenizer.eos_token_id
         cfg_eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         ids = {eos} | (set(cfg_eos) if isinstance(cfg_eos, list) else {cfg_eos})
         self.eos_ids = {i for i in ids if i is not None}
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        # the chat template, and output constraints compiled off the loop (ChatFront.prepare)
+        self._front(tokenizer, int(self.model.get_output_embeddings().weight.shape[0]))
+        self.masks = Masks(self.grammars.vocab_size, torch.get_num_threads())
         if max_batched_tokens < max_num_seqs + 1:
             raise ValueError("max_batched_tokens must exceed max_num_seqs (each decode row takes one token a step)")
         if prefix_cache_tokens < 0:
@@ -136,10 +141,6 @@ class HFEngine(Prefill, StreamsEvents):
         self._thread.start()
 
     # --- the contract ---------------------------------------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def submit(self, req: EngineRequest, sink: Sink) -> None:
         """Queue a request; `sink` receives its events on the engine thread. Raises EngineBusy when full, and
         EngineDead once the loop has stopped (under the lock: a request is never queued to a dead loop)."""
@@ -179,6 +180,7 @@ class HFEngine(Prefill, StreamsEvents):
             "aborted": self._aborted,
             "prefix_cached_tokens": self.prefix.cached_tokens,
             "prefix_hit_tokens": self.prefix.hit_tokens,
+            "grammars_compiled": self.grammars.compiles,
         }
 
     def close(self) -> None:
@@ -295,6 +297,8 @@ class HFEngine(Prefill, StreamsEvents):
             if not self.skills.ensure(needed, keep):
                 return None
             p = s.req.params
+            if p.constraint is not None:  # compiled when the request was prepared: a copy of its initial state
+                s.grammar = self.grammars.matcher(p.constraint)
             if not p.greedy:
                 s.gen = torch.Generator(device=self.device)
                 if p.seed is not None:
@@ -310,7 +314,7 @@ class HFEngine(Prefill, StreamsEvents):
     # --- decode (prefill: prefill.py) ----------------------------------------------------------
     def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
         """Sample each new row's first token; rows that go on join the decode batch."""
-        tokens = sample(logits.float(), group)
+        tokens = sample(self.masks.apply(logits.float(), [s.grammar for s in group]), group)
         keep = [i for i, (s, t) in enumerate(zip(group, tokens)) if self._push(s, t)]
         if not keep:
             return
@@ -340,7 +344,8 @@ class HFEngine(Prefill, StreamsEvents):
         self._kv.stepped(mask)
         if self.on_step is not None:
             self.on_step(len(rows))
-        for s, t in zip(rows, sample(out.logits[:, -1, :].float(), rows)):
+        logits = self.masks.apply(out.logits[:, -1, :].float(), [s.grammar for s in rows])
+        for s, t in zip(rows, sample(logits, rows)):
             if not s.finished:
                 self._push(s, t)
         self._drop_finished()
@@ -368,16 +373,25 @@ class HFEngine(Prefill, StreamsEvents):
         """Record one sampled token and emit its text; False when the row is finished (None: no token could be
         sampled from its logits, and it ends with its own error)."""
         if token is None:
-            self._finish(s, "error", error="the model produced non-finite logits for this request")
+            why = "the model produced non-finite logits"
+            if s.grammar is not None:
+                why = f"no finite token the output constraint allows ({s.grammar.error or 'it allows none here'})"
+            self._finish(s, "error", error=f"{why} for this request")
             return False
         if token in self.eos_ids and not s.req.params.ignore_eos:
             self._finish(s, "stop", text=s.text.finish())
+            return False
+        if s.grammar is not None and not s.grammar.advance(token):
+            self._finish(s, "error", error=f"the output constraint refused a token: {s.grammar.error}")
             return False
         s.out += 1
         s.last = token
         delta, stopped = s.text.push(token)
         if stopped:
             self._finish(s, "stop", text=delta)
+            return False
+        if s.grammar is not None and s.grammar.complete:  # nothing but the end can follow: end without a step
+            self._finish(s, "stop", text=delta + s.text.finish())
             return False
         if s.out >= s.req.params.max_tokens or s.position + 1 >= self.max_context:
             self._finish(s, "length", text=delta + s.text.finish())

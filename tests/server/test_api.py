@@ -112,7 +112,13 @@ def test_streaming_shape(client: TestClient) -> None:
         (
             {"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
             400,
-            "tools",
+            "tools[0].type",
+            "invalid_value",
+        ),
+        (
+            {"model": "auto", "messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]},
+            400,
+            "functions",
             "unsupported_parameter",
         ),
     ],

@@ -55,7 +55,7 @@ def test_a_request_as_the_engine_takes_it() -> None:
     ("body", "expected"),
     [
         ([], (400, "request body must be a JSON object", None, "invalid_json")),
-        ({"tools": [{}]}, (400, "tools is not supported by this server", "tools", "unsupported_parameter")),
+        ({"functions": [{}]}, (400, "functions is not supported by this server", "functions", "unsupported_parameter")),
         ({"n": 2}, (400, "only n=1 is supported", "n", "unsupported_parameter")),
         ({"messages": [USER]}, (400, "model is required (use 'auto' to route)", "model", "invalid_value")),
         ({"model": "m", "messages": []}, (400, "messages must be a non-empty list", "messages", "invalid_value")),
@@ -63,7 +63,7 @@ def test_a_request_as_the_engine_takes_it() -> None:
             {"model": "m", "messages": [USER, {"role": ["user"]}]},
             (
                 400,
-                "messages[1].role must be one of system, developer, user, assistant",
+                "messages[1].role must be one of system, developer, user, assistant, tool",
                 "messages[1].role",
                 "invalid_value",
             ),

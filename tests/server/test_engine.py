@@ -53,6 +53,7 @@ class Run:
             top_p=kw.get("top_p", 1.0),
             seed=kw.get("seed"),
             stop=tuple(kw.get("stop", ())),
+            constraint=kw.get("constraint"),
         )
         self.id = f"r{next(_ids)}"
         ids = kw.get("prompt_ids") or engine.encode_chat([{"role": "user", "content": prompt}])

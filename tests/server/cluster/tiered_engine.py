@@ -11,10 +11,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from skillpool.server.engines.protocol import AdapterLoader, EngineEvent, EngineRequest, StreamsEvents
+from skillpool.server.engines.protocol import (
+    AdapterLoader,
+    ConstraintError,
+    EngineEvent,
+    EngineRequest,
+    SamplingParams,
+    StreamsEvents,
+)
 from skillpool.server.engines.slru import SegmentedLRU
 
 
@@ -35,8 +42,16 @@ class TieredEngine(StreamsEvents):
         self.gpu_hits = self.host_hits = self.fetches = 0
         self._beat = time.monotonic()
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return [len(m.get("content", "")) for m in messages]
+    takes_tools = False
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        return [len(m.get("content") or "") for m in messages]
+
+    def prepare(self, params: SamplingParams) -> None:
+        if params.constraint is not None:
+            raise ConstraintError("this stand-in engine generates no text to constrain")
 
     def _lookup(self, skill: str) -> str:
         """The tier that served `skill`, moving it up as bench_placement.Simulation.lookup does."""
