@@ -232,7 +232,7 @@ def test_every_console_response_carries_the_csp(console: Console, server: Server
     page = console.open(ADMIN)
     for view in ("Jobs", "Upload", "Routing", "Playground", "Skills"):
         page.get_by_role("tab", name=view).click()
-        page.wait_for_timeout(400)
+        page.get_by_role("tab", name=view, selected=True).wait_for()  # the view is shown
     mine = [r for r in console.watch(page).responses if r.url.startswith(server.url + "/console")]
     kinds = {r.request.resource_type for r in mine}
     assert {"document", "script", "stylesheet"} <= kinds, kinds
