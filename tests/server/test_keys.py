@@ -115,7 +115,7 @@ def test_a_watch_follows_the_file_and_keeps_the_keys_while_it_is_gone_or_bad(
     ring.stamp = looked  # type: ignore[method-assign]
 
     def looked_again() -> None:
-        """Wait until the watch began two more looks: the first saw the file as it is now and ended before the second."""
+        """Wait until the watch began two more looks: the first saw the file as it is now, and has ended."""
         seen = len(looks)
         until(lambda: len(looks) >= seen + 2, timeout=10)
 
