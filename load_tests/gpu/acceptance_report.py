@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from load_tests.gpu.served import Served
 from tests.synthetic import LLAMA2_7B
 
 TINY = dict(
@@ -22,18 +23,13 @@ TINY = dict(
 
 
 @dataclass(frozen=True)
-class Setup:
+class Setup(Served):
     """One run's sizes: `gpu()` a 7B shape and 10,000 skills on a GPU, `rehearsal()` the CPU's tiny stand-in."""
 
     device: str
     model_name: str
-    shape: dict[str, int]
-    dtype: str
-    requests: int
     prompt_tokens: int
     output_tokens: int
-    skills: int
-    rank: int
     max_model_len: int
     max_batched_tokens: int
     kv_cache: str | None  # the same KV cache size for both servers (vLLM's flag); None: the CPU's defaults
@@ -45,14 +41,14 @@ class Setup:
     @staticmethod
     def gpu() -> Setup:
         return Setup(
-            "cuda", "llama-7b-dummy", LLAMA2_7B, "bfloat16", 256, 256, 128, 16, 8, 1024, 8192, "48GiB",
+            LLAMA2_7B, "bfloat16", 16, 8, 256, "cuda", "llama-7b-dummy", 256, 128, 1024, 8192, "48GiB",
             10_000, (16, 256), 20, 600,
         )  # fmt: skip
 
     @staticmethod
     def rehearsal() -> Setup:
         return Setup(
-            "cpu", "llama-tiny-dummy", TINY, "float32", 6, 32, 8, 2, 8, 256, 512, None, 100, (4, 16), 2, 600,
+            TINY, "float32", 2, 8, 6, "cpu", "llama-tiny-dummy", 32, 8, 256, 512, None, 100, (4, 16), 2, 600,
         )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from load_tests.gpu.served import Served
 from load_tests.placement import bench_placement as bp
 from tests.synthetic import LLAMA2_7B, dummy_model, random_skills, write_store
 
@@ -38,14 +39,9 @@ TINY = dict(
 
 
 @dataclass(frozen=True)
-class Setup:
+class Setup(Served):
     engine: str
     replicas: int
-    shape: dict[str, int]
-    dtype: str
-    skills: int
-    rank: int
-    requests: int
     rate: float  # requests per second, the same for both modes
     max_tokens: int
     max_loras: int
@@ -55,8 +51,8 @@ class Setup:
     threads: int | None
 
 
-GPU = Setup("vllm", 4, LLAMA2_7B, "bfloat16", 64, 8, 2000, 16.0, 64, 4, 16, 0.25, 0.2, None)
-REHEARSAL = Setup("hf", 2, TINY, "float32", 12, 4, 40, 2.0, 8, 4, 4, None, None, 1)
+GPU = Setup(LLAMA2_7B, "bfloat16", 64, 8, 2000, "vllm", 4, 16.0, 64, 4, 16, 0.25, 0.2, None)
+REHEARSAL = Setup(TINY, "float32", 12, 4, 40, "hf", 2, 2.0, 8, 4, 4, None, None, 1)
 
 
 def make_model(folder: Path, setup: Setup) -> Path:

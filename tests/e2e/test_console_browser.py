@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from skillpool.evaluation.process import ServerProcess
+from skillpool.evaluation.tasks_client import TasksClient
 from skillpool.server.console import CSP
 from tests.datasets import dataset_dir, rows, user_text
 from tests.e2e.console_browser import Console, chromium, screenshot
@@ -54,16 +55,6 @@ def headers(key: str) -> dict[str, str]:
 
 def jsonl(items: list[dict[str, Any]]) -> bytes:
     return "\n".join(json.dumps(x) for x in items).encode()
-
-
-def wait_task(url: str, job_id: str, key: str, timeout_s: float = 1200) -> dict[str, Any]:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        job = httpx.get(f"{url}/tasks/{job_id}", headers=headers(key), timeout=30).json()
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return dict(job)
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} did not end within {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +115,7 @@ def training(browser: Any, server: ServerProcess, tmp_path_factory: pytest.TempP
 
 @pytest.fixture(scope="module")
 def skill(training: Training, server: ServerProcess) -> str:
-    job = wait_task(server.url, training.job_id, ADMIN)
+    job = TasksClient(server.url, ADMIN).follow(training.job_id, progress=False, poll_s=0.5, timeout_s=1200)
     assert job["status"] == "succeeded", job
     return SKILL
 
@@ -202,7 +193,7 @@ def test_prompt_file_name_and_job_error_render_as_text(console: Console, server:
     job = httpx.post(
         server.url + "/v1/fine_tuning/jobs", headers=headers(ADMIN), json={"model": BASE, "training_file": f["id"]}
     ).json()
-    failed = wait_task(server.url, job["id"], ADMIN, timeout_s=120)
+    failed = TasksClient(server.url, ADMIN).follow(job["id"], progress=False, poll_s=0.5, timeout_s=120)
     assert failed["status"] == "failed" and IMG in failed["error"]
 
     page = console.open(ADMIN, "playground")
@@ -241,7 +232,7 @@ def test_every_console_response_carries_the_csp(console: Console, server: Server
     page = console.open(ADMIN)
     for view in ("Jobs", "Upload", "Routing", "Playground", "Skills"):
         page.get_by_role("tab", name=view).click()
-        page.wait_for_timeout(400)
+        page.get_by_role("tab", name=view, selected=True).wait_for()  # the view is shown
     mine = [r for r in console.watch(page).responses if r.url.startswith(server.url + "/console")]
     kinds = {r.request.resource_type for r in mine}
     assert {"document", "script", "stylesheet"} <= kinds, kinds

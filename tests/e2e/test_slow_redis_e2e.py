@@ -24,15 +24,22 @@ def test_a_hanging_redis_does_not_stall_chat(tiny_base, tmp_path: Path) -> None:
         args = ["--model", str(tiny_base.path), "--redis-url", url, "--default-max-tokens", "2"]
         with ServerProcess(tmp_path / "data", args) as srv:
             done: dict[str, float] = {}
+            sent = threading.Event()
+
+            def trace(event: str, _info: object) -> None:
+                if event.endswith("send_request_body.complete"):
+                    sent.set()
 
             def list_tasks() -> None:
-                assert httpx.get(srv.url + "/tasks", timeout=60).status_code == 200
+                with httpx.Client(timeout=60) as client:
+                    assert client.get(srv.url + "/tasks", extensions={"trace": trace}).status_code == 200
                 done["tasks"] = time.perf_counter()
 
             redis.Redis.from_url(url).execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
             waiting = threading.Thread(target=list_tasks)
             waiting.start()
-            time.sleep(0.5)  # the listing is now blocked on the paused Redis
+            # sent in full before chat is: the server reads it first, and its Redis call blocks on the pause
+            assert sent.wait(30)
             chat = httpx.post(
                 srv.url + "/v1/chat/completions",
                 json={"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},

@@ -16,6 +16,7 @@ from skillpool.lora.adapter import LoRAAdapter
 from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineBusy, EngineEvent, EngineRequest, SamplingParams
 from skillpool.server.engines.hf import HFEngine
+from tests.conftest import until
 from tests.lora.test_adapter import random_adapter
 
 _ids = itertools.count()
@@ -173,8 +174,9 @@ def test_abort_frees_the_slot(tiny_base) -> None:  # type: ignore[no-untyped-def
         while not first.events:
             time.sleep(0.002)
         second = Run(eng, "Hi", max_tokens=4)  # waits: the only slot is taken
-        time.sleep(0.1)
-        assert not second.events
+        decoded = len(first.events)
+        until(lambda: len(first.events) >= decoded + 3)  # the engine read its inbox since, and stepped on without it
+        assert not second.events and eng.stats()["waiting"] == 1
         eng.abort(first.id)
         assert first.result()[1] == "abort"
         assert second.result()[1] == "length"

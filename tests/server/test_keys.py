@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from skillpool.server.auth import (
 )
 from skillpool.server.files import FileStore
 from skillpool.trainer.service import Job
+from tests.conftest import until
 
 
 def test_a_keys_file_with_comments_and_blank_lines() -> None:
@@ -99,29 +98,39 @@ def test_reload_takes_a_good_file_and_keeps_the_keys_on_a_bad_one(
     assert not ring.reload() and ring.principal(b"Bearer k1") == Principal("alice", "chat")
 
 
-def test_a_watch_follows_the_file_and_keeps_the_keys_while_it_is_gone_or_bad(tmp_path: Path) -> None:
+def test_a_watch_follows_the_file_and_keeps_the_keys_while_it_is_gone_or_bad(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "keys"
     path.write_text("alice chat k1\n")
     ring = KeyRing(path=path)
     watch = KeyFileWatch(ring, interval_s=0.05)
+    looks: list[object] = []  # each time the watch looked at the file
+    stamp = ring.stamp
 
-    def until(check: Callable[[], bool]) -> bool:
-        deadline = time.monotonic() + 10
-        while not check() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return check()
+    def looked() -> tuple[int, int] | None:
+        looks.append(None)
+        return stamp()
+
+    ring.stamp = looked  # type: ignore[method-assign]
+
+    def looked_again() -> None:
+        """Wait until the watch began two more looks: the first saw the file as it is now, and has ended."""
+        seen = len(looks)
+        until(lambda: len(looks) >= seen + 2, timeout=10)
 
     try:
         path.write_text("alice chat k1\nbob train k2\n")  # a change of size and mtime: no signal needed
-        assert until(lambda: ring.principal(b"Bearer k2") == Principal("bob", "train"))
+        until(lambda: ring.principal(b"Bearer k2") == Principal("bob", "train"), timeout=10)
         path.unlink()  # gone (a file being replaced): the keys in use stay
-        time.sleep(0.2)
+        looked_again()
         assert ring.principal(b"Bearer k2") == Principal("bob", "train")
         path.write_text("carol admin k3\n")
-        assert until(lambda: ring.principal(b"Bearer k3") == Principal("carol", "admin"))
+        until(lambda: ring.principal(b"Bearer k3") == Principal("carol", "admin"), timeout=10)
         assert ring.principal(b"Bearer k2") is None
-        path.write_text("carol admin\n")  # malformed: not taken
-        time.sleep(0.2)
+        with caplog.at_level(logging.ERROR, logger="skillpool.server.auth"):
+            path.write_text("carol admin\n")  # malformed: not taken
+            until(lambda: "keys not reloaded" in caplog.text, timeout=10)
         assert ring.principal(b"Bearer k3") == Principal("carol", "admin")
     finally:
         watch.close()

@@ -92,7 +92,7 @@ def test_a_full_routing_queue_is_busy_and_the_waiting_requests_still_get_routed(
         while not router.entered.is_set():  # q0 is being routed; the next two wait in the queue
             await asyncio.sleep(0.01)
         waiting = [asyncio.ensure_future(stage.decide(f"q{i}", "auto")) for i in (1, 2)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one turn of the loop: each runs up to its await, queued
         with pytest.raises(EngineBusy):
             await stage.decide("q3", "auto")
         assert (await stage.decide("q4", "base")).reason == "base"  # no routing needed: never busy
@@ -169,7 +169,7 @@ def test_a_burst_is_routed_by_every_worker_and_their_cpu_time_is_counted(embedde
     texts = [e["route_text"] for e in read_task("long_sequence", "agnews", "train", 40)]
     router = ThreadLoggingRouter(embedder)
     router.add_skill("agnews", router.prepare_keys(texts))
-    router.threads = set()
+    router.threads, router.both = set(), threading.Event()
     metrics = Metrics()
     stage = RoutingStage(router, metrics, window_s=0.3, max_batch=32, chunk=1, workers=2)
 
@@ -187,9 +187,14 @@ def test_a_burst_is_routed_by_every_worker_and_their_cpu_time_is_counted(embedde
 
 
 class ThreadLoggingRouter(Router):
+    """Each call waits until both workers have called: one worker cannot drain the burst alone."""
+
     threads: set[str]
+    both: threading.Event
 
     def route_traffic(self, texts):  # type: ignore[no-untyped-def]
         self.threads.add(threading.current_thread().name)
-        time.sleep(0.05)  # long enough that one worker cannot drain the burst before the other takes a chunk
+        if len(self.threads) == 2:
+            self.both.set()
+        self.both.wait(30)
         return super().route_traffic(texts)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 from skillpool.lora.adapter import LoRAAdapter, LoRAFactors
 from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineEvent, EngineRequest, SamplingParams
+from tests.conftest import until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -153,10 +153,8 @@ def test_abort_frees_the_request_and_others_go_on(vllm_engine) -> None:  # type:
         await gen.aclose()  # the client went away
 
     asyncio.run(scenario())
-    deadline = time.monotonic() + 60
-    while vllm_engine.stats()["running"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert vllm_engine.stats()["running"] == 0 and vllm_engine.stats()["aborted"] == before + 1
+    until(lambda: vllm_engine.stats()["running"] == 0, timeout=60)
+    assert vllm_engine.stats()["aborted"] == before + 1
     assert vllm_engine.mixes.held == 0  # the aborted request let go of its mix adapter
     assert answer(vllm_engine, PROMPTS[0], max_tokens=4)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from skillpool.lora.mix import Mix
 from skillpool.server.engines import EngineEvent, EngineRequest, SamplingParams
+from tests.conftest import until
 
 from .test_vllm_engine import PROMPTS, skill_adapter
 
@@ -156,6 +156,12 @@ def test_raw_logits_match_the_dense_reference(engine, smollm, skills) -> None:  
     assert worst < 1e-4
 
 
+async def on_engine_loop(engine) -> None:  # type: ignore[no-untyped-def]
+    """Return once the engine's event loop has run what was handed to it before: a request submitted before
+    this call has gone as far as it can without waiting."""
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(asyncio.sleep(0), engine._loop))
+
+
 def test_a_retired_skill_404s_queued_requests_and_running_ones_finish(engine, skills) -> None:  # type: ignore[no-untyped-def]
     """Four slots held by two running requests; a third needs a fifth skill and waits. Retiring a skill of the
     waiting request answers it not-found, while the running request on that skill finishes its tokens."""
@@ -166,8 +172,10 @@ def test_a_retired_skill_404s_queued_requests_and_running_ones_finish(engine, sk
         b = engine.generate(request(engine, PROMPTS[1], (("s1", 0.5), ("s2", 0.5)), 40))
         a0, b0 = await a.__anext__(), await b.__anext__()  # both run and hold 4 slots
         queued = asyncio.ensure_future(events(engine, request(engine, PROMPTS[2], (("r", 0.5), ("s3", 0.5)))))
-        await asyncio.sleep(0.5)
-        assert not queued.done()  # no slot can be freed: it waits rather than overfill vLLM
+        await asyncio.sleep(0)  # it runs up to its first wait: submitted
+        await on_engine_loop(engine)  # the engine's loop has started it since: it asked for its slots
+        # no slot can be freed: it waits rather than overfill vLLM
+        assert not queued.done() and len(engine.slots) == 4
         engine.remove_skill("r")
         q = await queued
         return (
@@ -190,7 +198,4 @@ def test_an_aborted_mix_lets_go_of_its_skills(engine) -> None:  # type: ignore[n
         await gen.aclose()  # the client went away
 
     asyncio.run(scenario())
-    deadline = time.monotonic() + 60
-    while (engine.stats()["running"] or engine.slots.held()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert engine.stats()["running"] == 0 and engine.slots.held() == 0
+    until(lambda: engine.stats()["running"] == 0 and engine.slots.held() == 0, timeout=60)

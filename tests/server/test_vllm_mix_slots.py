@@ -80,7 +80,7 @@ def test_a_request_waits_while_every_slot_is_held(tmp_path: Path) -> None:
     async def scenario() -> None:
         held = await w.slots.acquire(["a#1", "b#2"])
         waiting = asyncio.ensure_future(w.slots.acquire(["c#3"]))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # it must not get a slot: no event says so, so it gets the loop for a while
         assert not waiting.done() and w.unloaded == []
         await w.slots.release([held["a#1"]])
         assert list(await waiting) == ["c#3"]
@@ -103,7 +103,7 @@ def test_retiring_fails_waiting_requests_and_unloads_after_the_last_running_one(
     async def scenario() -> None:
         running = await w.slots.acquire(["a#1", "b#2"])
         waiting = asyncio.ensure_future(w.slots.acquire(["a#1", "c#3"]))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # let it reach its wait for a slot (none frees)
         del w.live["a#1"]
         await w.slots.retire("a#1")
         with pytest.raises(KeyError, match="a#1"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -82,22 +81,28 @@ def test_a_workers_bus_reaches_a_servers_bus_on_the_same_stream_as_before(redis_
         worker.close()
 
 
-def _cut(bus: RedisEventBus) -> threading.Event:
-    """While the returned event is set, this bus's reads fail as if its connection were down (Redis and the
-    other buses are not)."""
-    cut = threading.Event()
+class _Cut:
+    """While `on` is set, a bus's reads fail as if its connection were down (Redis and the other buses are not);
+    `failed` counts the reads that failed so."""
 
-    def failing(real: Any) -> Any:
+    def __init__(self, bus: RedisEventBus) -> None:
+        self.on, self.failed = threading.Event(), 0
+        bus.r.xread = self._failing(bus.r.xread)  # type: ignore[method-assign]
+        bus.r.xrange = self._failing(bus.r.xrange)  # type: ignore[method-assign]
+
+    def _failing(self, real: Any) -> Any:
         def call(*a: Any, **kw: Any) -> Any:
-            if cut.is_set():
+            if self.on.is_set():
+                self.failed += 1
                 raise redis.ConnectionError("connection lost")
             return real(*a, **kw)
 
         return call
 
-    bus.r.xread = failing(bus.r.xread)  # type: ignore[method-assign]
-    bus.r.xrange = failing(bus.r.xrange)  # type: ignore[method-assign]
-    return cut
+    def tried_again(self) -> None:
+        """Wait until the listener's next read fails: it is cut off, and it tried after all that came before."""
+        before = self.failed
+        until(lambda: self.failed > before, timeout=10)
 
 
 def test_skill_events_published_while_a_server_cannot_read_reach_it_later(redis_url: str) -> None:
@@ -105,18 +110,18 @@ def test_skill_events_published_while_a_server_cannot_read_reach_it_later(redis_
     seen: list[SkillEvent] = []
     server = RedisEventBus(redis_url, prefix, resync_s=3600)
     other = RedisEventBus(redis_url, prefix)
-    cut = _cut(server)
+    cut = _Cut(server)
     server.subscribe(seen.append)
     try:
         other.publish(SkillRegistered("a", 1))
         until(lambda: len(seen) == 1, timeout=10)
-        cut.set()
-        time.sleep(1.5)  # the listener is failing now
+        cut.on.set()
+        cut.tried_again()
         other.publish(SkillRetired("a"))
         other.publish(SkillActivated("b", 2))
-        time.sleep(1.5)
+        cut.tried_again()  # a read after both were published
         assert len(seen) == 1
-        cut.clear()
+        cut.on.clear()
         until(lambda: len(seen) == 3, timeout=10)
         assert seen[:3] == [SkillRegistered("a", 1), SkillRetired("a"), SkillActivated("b", 2)]
         assert Resync() not in seen  # nothing was trimmed: the missed events are enough
@@ -130,18 +135,18 @@ def test_a_stream_trimmed_past_what_a_server_saw_makes_it_resync_at_once(redis_u
     seen: list[SkillEvent] = []
     server = RedisEventBus(redis_url, prefix, resync_s=3600)  # no periodic resync within this test
     worker = RedisEventBus(redis_url, prefix, maxlen=10)
-    cut = _cut(server)
+    cut = _Cut(server)
     server.subscribe(seen.append)
     try:
         worker.publish(SkillRegistered("a", 1))
         until(lambda: seen == [SkillRegistered("a", 1)], timeout=10)
-        cut.set()
-        time.sleep(1.5)
+        cut.on.set()
+        cut.tried_again()  # no read in flight that could take the entries before they are trimmed
         for version in range(2, 502):  # approximate trimming drops whole stream nodes (100 entries each)
             worker.publish(SkillRegistered("a", version))
         r = redis.Redis.from_url(redis_url, decode_responses=True)
         assert r.xlen(f"{prefix}:events") < 500  # trimmed as published
-        cut.clear()
+        cut.on.clear()
         until(lambda: Resync() in seen, timeout=10)
         assert seen.index(Resync()) == 1  # before the entries left: the store says what the trimmed ones did
         until(lambda: seen[-1] == SkillRegistered("a", 501), timeout=10)

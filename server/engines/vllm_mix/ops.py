@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+Stack = Sequence[torch.Tensor]  # one of vLLM's stacked LoRA buffers per output slice
+Slices = Sequence[int]  # each output slice's width
 
 
 @dataclass(frozen=True, eq=False)
@@ -20,11 +24,11 @@ class MixOperands:
 
     y: torch.Tensor
     x: torch.Tensor
-    lora_a: Sequence[torch.Tensor]
-    lora_b: Sequence[torch.Tensor]
+    lora_a: Stack
+    lora_b: Stack
     idx: torch.Tensor
     w: torch.Tensor
-    output_slices: Sequence[int]
+    output_slices: Slices
 
     def __post_init__(self) -> None:
         y, x, idx, w, slices = self.y, self.x, self.idx, self.w, self.output_slices
@@ -77,3 +81,20 @@ def mix_lora_torch(m: MixOperands) -> None:
         delta = h.reshape(-1, u * r) @ b.permute(0, 2, 1).reshape(u * r, out)  # [T, out]
         y[:, off : off + out] += delta.to(y.dtype)
         off += out
+
+
+def vllm_add_lora_linear(
+    self: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: Stack,
+    lora_b_stacked: Stack,
+    scale: float,
+    output_slices: Slices,
+    *,
+    buffer: Any = None,
+    **kwargs: Any,
+) -> None:
+    """vLLM's `add_lora_linear`, parameter for parameter (plugin.HOOKS checks vLLM's against it): both mix punica
+    wrappers take it as their method, and add each token's mix in their `mix_linear`."""
+    self.mix_linear(y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs)

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .ops import vllm_add_lora_linear
 from .tables import Pairs, parse_mix, token_tables
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ WRAPPER = "skillpool.server.engines.vllm_mix.punica.MixPunicaWrapperCPU"
 WRAPPER_GPU = "skillpool.server.engines.vllm_mix.punica_gpu.MixPunicaWrapperGPU"
 WORKER_EXTENSION = "skillpool.server.engines.vllm_mix.worker.MixWorkerExtension"  # importing it registers
 
+# the parameters of the add_lora_linear both mix wrappers take: vLLM's must be the same
+LINEAR = tuple(inspect.signature(vllm_add_lora_linear).parameters)
 # (module, qualname, parameter names) of every hooked symbol
 HOOKS = (
     ("vllm.platforms.cpu", "CpuPlatform.get_punica_wrapper", ()),
@@ -50,22 +53,14 @@ HOOKS = (
         "LoRAModelRunnerMixin._set_active_loras",
         ("self", "prompt_lora_mapping", "token_lora_mapping", "lora_requests", "mapping_type"),
     ),
-    (
-        "vllm.lora.punica_wrapper.punica_cpu",
-        "PunicaWrapperCPU.add_lora_linear",
-        ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices", "buffer", "kwargs"),
-    ),
+    ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU.add_lora_linear", LINEAR),
 )
 
 # the CUDA path: the worker hooks above (not the CPU wrapper's) plus these
 CUDA_HOOKS = (
     *HOOKS[1:4],
     ("vllm.platforms.cuda", "CudaPlatformBase.get_punica_wrapper", ()),  # CudaPlatform aliases a subclass
-    (
-        "vllm.lora.punica_wrapper.punica_gpu",
-        "PunicaWrapperGPU.add_lora_linear",
-        ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices", "buffer", "kwargs"),
-    ),
+    ("vllm.lora.punica_wrapper.punica_gpu", "PunicaWrapperGPU.add_lora_linear", LINEAR),
     (
         "vllm.lora.punica_wrapper.punica_gpu",
         "PunicaWrapperGPU.update_metadata",

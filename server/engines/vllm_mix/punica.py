@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from .ops import MixOperands, mix_lora_torch
+from .ops import MixOperands, Slices, Stack, mix_lora_torch, vllm_add_lora_linear
 
 
 class MixPunicaWrapperCPU(PunicaWrapperCPU):  # type: ignore[misc]
@@ -21,20 +21,13 @@ class MixPunicaWrapperCPU(PunicaWrapperCPU):  # type: ignore[misc]
             return
         self._mix = (idx.to(self.device), w.to(device=self.device, dtype=torch.float32))
 
-    def add_lora_linear(  # vLLM's signature (plugin.HOOKS checks it), as in punica_gpu
-        self,
-        y: torch.Tensor,
-        x: torch.Tensor,
-        lora_a_stacked: tuple[torch.Tensor, ...],
-        lora_b_stacked: tuple[torch.Tensor, ...],
-        scale: float,
-        output_slices: tuple[int, ...],
-        *,
-        buffer: tuple[torch.Tensor, ...] | None = None,
-        **kwargs: Any,
+    add_lora_linear = vllm_add_lora_linear
+
+    def mix_linear(
+        self, y: torch.Tensor, x: torch.Tensor, a: Stack, b: Stack, scale: float, slices: Slices, **kwargs: Any
     ) -> None:
         if self._mix is None:
-            super().add_lora_linear(y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs)
+            super().add_lora_linear(y, x, a, b, scale, slices, **kwargs)
             return
         idx, w = self._mix
         t = x.shape[0]
@@ -42,4 +35,4 @@ class MixPunicaWrapperCPU(PunicaWrapperCPU):  # type: ignore[misc]
             pad = t - idx.shape[0]
             idx = torch.cat([idx, idx.new_full((pad, idx.shape[1]), -1)])
             w = torch.cat([w, w.new_zeros((pad, w.shape[1]))])
-        mix_lora_torch(MixOperands(y, x, lora_a_stacked, lora_b_stacked, idx[:t], w[:t] * scale, output_slices))
+        mix_lora_torch(MixOperands(y, x, a, b, idx[:t], w[:t] * scale, slices))

@@ -21,7 +21,7 @@ import torch
 from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 from vllm.utils.torch_utils import direct_register_custom_op
 
-from .ops import MixOperands
+from .ops import MixOperands, Slices, Stack, vllm_add_lora_linear
 
 OP_NAME = "skillpool_mix_lora"
 _LONGEST_RUN: dict[int, int] = {}  # run_start buffer address -> this step's longest run (host), for eager grids
@@ -131,23 +131,15 @@ class MixPunicaWrapperGPU(PunicaWrapperGPU):  # type: ignore[misc]
         self._run_start.copy_(torch.from_numpy(bounds))
         _LONGEST_RUN[self._run_start.data_ptr()] = longest
 
-    def add_lora_linear(  # vLLM's signature (plugin.CUDA_HOOKS checks it), as in punica
-        self,
-        y: torch.Tensor,
-        x: torch.Tensor,
-        lora_a_stacked: tuple[torch.Tensor, ...],
-        lora_b_stacked: tuple[torch.Tensor, ...],
-        scale: float,
-        output_slices: tuple[int, ...],
-        *,
-        buffer: torch.Tensor | None = None,
-        **kwargs: Any,
+    add_lora_linear = vllm_add_lora_linear
+
+    def mix_linear(
+        self, y: torch.Tensor, x: torch.Tensor, a: Stack, b: Stack, scale: float, slices: Slices, **kwargs: Any
     ) -> None:
-        if buffer is not None:
+        if kwargs.get("buffer") is not None:
             raise ValueError("the mix op makes its own buffer (as vLLM's GPU wrapper asserts)")
         if not kwargs.get("add_inputs", True):
             raise ValueError("the mix op always adds into y (add_inputs=False is not a linear-layer call)")
         torch.ops.vllm.skillpool_mix_lora(
-            y, x, list(lora_a_stacked), list(lora_b_stacked), self._idx, self._w, self._run_start,
-            list(output_slices), float(scale),
-        )  # fmt: skip
+            y, x, list(a), list(b), self._idx, self._w, self._run_start, list(slices), float(scale)
+        )

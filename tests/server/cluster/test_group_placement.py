@@ -18,12 +18,12 @@ pytest.importorskip("ray", reason="the cluster extra: pip install -e .[cluster]"
 import ray  # noqa: E402
 
 from skillpool.runtime.base_model import resolve_base_model  # noqa: E402
+from tests.conftest import until  # noqa: E402
 from tests.server.cluster.ray_deployment import Deployment, one  # noqa: E402
 from tests.synthetic import curve_skills  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SKILLS, SIZE = 48, 8
-KNOWN_S = 2.0  # how long Ray Serve takes at most to tell its router which replica loaded a key
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,13 @@ def run(dep: Deployment, mixes: list[dict[str, float]]) -> list[Any]:
     return asyncio.run(each())
 
 
+def known(dep: Deployment, key: str) -> bool:
+    """Whether Ray Serve's router in this process has heard which replica loaded `key`: the replica reports its
+    multiplexed model ids to the controller, which passes them on to every handle's router."""
+    router = dep.engine.handle._router._asyncio_router.request_router
+    return bool(router._multiplexed_model_id_to_replica_ids.get(key))
+
+
 def holders(dep: Deployment, key: str, want: int) -> list[str]:
     deadline = time.monotonic() + 15
     while True:  # the hub adds up the replicas' reports
@@ -83,13 +90,13 @@ def test_a_neighbourhood_lands_on_one_replica_and_another_on_the_other(deploymen
     mixes = [{group_a[i % len(group_a)]: 0.6, group_a[(i + 1) % len(group_a)]: 0.4} for i in range(12)]
     outcomes = run(deployment, mixes[:1])  # the first loads the key; Ray's router learns who holds it
     holders(deployment, f"group:{lead_a}", 1)
-    time.sleep(KNOWN_S)
+    until(lambda: known(deployment, f"group:{lead_a}"))
     outcomes += run(deployment, mixes[1:])
     assert all(o.ok for o in outcomes), outcomes
     (home_a,) = holders(deployment, f"group:{lead_a}", len(mixes))  # one replica served the whole group
     outcomes = run(deployment, [{group_b[0]: 1.0}])
     holders(deployment, f"group:{lead_b}", 1)
-    time.sleep(KNOWN_S)
+    until(lambda: known(deployment, f"group:{lead_b}"))
     outcomes += run(deployment, [{name: 1.0} for name in group_b[1:] + group_b])
     assert all(o.ok for o in outcomes)
     (home_b,) = holders(deployment, f"group:{lead_b}", 2 * len(group_b))

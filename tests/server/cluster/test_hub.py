@@ -30,7 +30,7 @@ def test_commands_reach_a_polling_replica_in_order() -> None:
         hub = SkillHub()
         first = await hub.poll("r1", -1, {}, timeout=0.01)
         waiting = asyncio.ensure_future(hub.poll("r1", first.seq, {}, timeout=5))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # it must not return: no event says so, so it gets the loop for a while
         assert not waiting.done()  # a long poll: it waits for a command
         await hub.command("add", "agnews", 2)
         await hub.command("remove", "sst-2")
@@ -54,7 +54,7 @@ def test_a_barrier_returns_only_after_every_live_replica_applied_the_command() -
         seq = await hub.command("remove", "agnews")
         barrier = asyncio.ensure_future(hub.barrier(seq, timeout=5))
         await hub.poll("r1", seq, {}, timeout=0.01)  # r1 applied it
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # it must not return: no event says so, so it gets the loop for a while
         assert not barrier.done()  # r2 has not yet
         await hub.poll("r2", seq, {}, timeout=0.01)
         assert await asyncio.wait_for(barrier, 2) == []

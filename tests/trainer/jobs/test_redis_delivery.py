@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +47,24 @@ def _ended(q: RedisJobQueue, job: Job, timeout: float = 20) -> Job:
 
 
 def _claim_and_die(r: redis.Redis, q: RedisJobQueue, ttl_ms: int) -> str:
-    """What a worker does before it is SIGKILLed: claim the oldest job under a lease it never renews."""
+    """What a worker does before it is SIGKILLed: claim the oldest job under a lease it never renews. Returns
+    once that lease has expired, so the next worker's first sweep finds the job lost."""
     job_id = r.register_script(_CLAIM)(
         keys=[q.keys.queue, q.keys.processing], args=[q.keys.lease(""), "dead-worker", ttl_ms]
     )
     assert job_id is not None
+    until(lambda: not r.exists(q.keys.lease(str(job_id))), timeout=10)
     return str(job_id)
+
+
+def _renewals(r: redis.Redis, lease: str) -> Iterator[int]:
+    """How often the lease was renewed so far, read at each `next`: its TTL rose since the read before."""
+    count, last = 0, r.pttl(lease)
+    while True:
+        ttl = r.pttl(lease)
+        count += ttl > last
+        last = ttl
+        yield count
 
 
 def test_a_job_whose_worker_went_silent_is_run_by_another(redis_url: str) -> None:
@@ -110,15 +122,20 @@ def test_a_worker_keeps_its_lease_while_it_trains(redis_url: str) -> None:
         release.wait(30)
         return _record(j)
 
-    # 2 s, not 0.5: a 0.5 s lease expired once in CI on a fresh clone (tries == 2), most likely during run_job's
-    # heap release (gc.collect holds the GIL after the runner returns) in a process that had run the whole suite
-    a = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=2.0)
-    b = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=2.0)
+    # 3 s as elsewhere here: shorter leases expired on busy machines (tries == 2) after the runner returned, most
+    # likely during run_job's heap release (gc.collect holds the GIL); the wait below counts renewals, not seconds
+    a = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=3.0)
+    b = RedisJobQueue(redis_url, slow, prefix=prefix, lease_s=3.0)
     try:
         job = a.submit(a.add(_job()), [], TrainConfig())
         until(lambda: len(runs) == 1, timeout=10)
-        time.sleep(8.0)  # four lease lengths: both workers swept several times meanwhile
-        assert runs == [job.id]
+        lease = a.keys.lease(job.id)
+        holder = a.r.get(lease)
+        renewals = _renewals(a.r, lease)
+        # renewed every third of the lease from a claim before the first: four renewals outlast the first lease
+        until(lambda: next(renewals) >= 4, timeout=30)
+        assert a.sweep() == [] and b.sweep() == []  # nothing lost: both workers' sweeps leave the job alone
+        assert runs == [job.id] and a.r.get(lease) == holder
         release.set()
         done = _ended(a, job, timeout=10)
         assert done.status == JobStatus.SUCCEEDED and done.tries == 1
