@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
