@@ -21,14 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import signal
 
-    import uvicorn
-
     from skillpool.adapters_store.objects import StoreUnavailable
     from skillpool.runtime.openmp import in_own_thread
+    from skillpool.runtime.processes import exit_now, on_stop_signals
 
     from .app import create_app
     from .auth import KeyFileError, KeyRing
     from .bootstrap import build_components
+    from .stopping import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         from .cluster.launch import serve_cluster  # imports Ray only after checking that it is installed
 
         return serve_cluster(cfg, args.threads, args.log_level)
-    signal.signal(signal.SIGHUP, lambda *_: keys.reload())  # uvicorn handles SIGINT and SIGTERM, not this one
+    signal.signal(signal.SIGHUP, lambda *_: keys.reload())
+    on_stop_signals(exit_now)  # while it starts there is nothing to drain: stop at once, with what it started
     try:
         # loading runs torch on every core: in a thread of its own, whose OpenMP pool ends with it (openmp.py)
         components = in_own_thread(lambda: build_components(cfg), "skillpool-start")
@@ -56,8 +57,4 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower())
-    finally:
-        components.close()
-    return 0
+    return serve(app, components, cfg.host, cfg.port, args.log_level.lower(), cfg.shutdown_timeout_s)

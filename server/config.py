@@ -23,6 +23,7 @@ from skillpool.adapters_store.disk_cache import DEFAULT_CACHE_BYTES, cache_size
 from skillpool.router import RouterSettings
 from skillpool.router.flags import add_router_flags, router_settings
 from skillpool.runtime.dtype import DTYPES
+from skillpool.runtime.processes import SHUTDOWN_TIMEOUT_S, shutdown_timeout
 from skillpool.trainer.service import DEFAULT_PREFIX
 
 from .engines import ENGINES
@@ -246,6 +247,14 @@ class ServerConfig:
         None, "with --replicas on CUDA: GPUs per engine replica (default 1; 0.25 puts four on one GPU)", parse=gpu_share
     )
     router: RouterSettings = field(default_factory=RouterSettings)  # flags: skillpool.router.flags
+    shutdown_timeout_s: float = option(  # lifecycle
+        SHUTDOWN_TIMEOUT_S,
+        "on SIGTERM or SIGINT: readiness fails and new requests get 503 at once, the requests in flight get this "
+        "long (seconds) to finish and the rest then end with an error, the trainer stops, then the engine; fits "
+        "Kubernetes' default 30 s grace period (docs/operations.md)",
+        "--shutdown-timeout",
+        parse=shutdown_timeout,
+    )
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:
