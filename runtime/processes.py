@@ -151,8 +151,11 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> bool:
 
 
 def die_with_parent_if_asked() -> bool:
-    """In a multiprocessing child whose environment has DIE_WITH_PARENT=1: die_with_parent(its parent)."""
+    """In a multiprocessing child whose environment has DIE_WITH_PARENT=1: die_with_parent(its parent), by
+    SIGKILL. Its parent is gone, so nothing waits for a clean teardown, and a busy process (a vLLM worker in the
+    middle of a step on shared cores) took over 10 s to honour SIGTERM; the kernel frees its memory, and the
+    multiprocessing resource tracker, once its last holder is gone, the shared memory it left."""
     parent = multiprocessing.parent_process()
     if os.environ.get(DIE_WITH_PARENT) != "1" or parent is None or parent.pid is None:
         return False
-    return die_with_parent(parent.pid)
+    return die_with_parent(parent.pid, signal.SIGKILL)

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from skillpool.runtime.processes import on_stop_signals, stop_descendants
+from skillpool.runtime.reaper import start_reaper
 
 from ..config import ServerConfig
 
@@ -92,11 +93,13 @@ def probe(address: str, timeout: float = CONNECT_S) -> None:
 
 
 def connect(ray: Any, address: str | None, need_cpus: int) -> bool:
-    """Join the cluster at `address` or start a local one; True when this process started it (it stops it too)."""
+    """Join the cluster at `address` or start a local one; True when this process started it (it stops it too,
+    and a reaper does if this process is killed: runtime/reaper.py)."""
     if address:
         probe(address)
         ray.init(address=address, namespace="skillpool", log_to_driver=True)
         return False
+    start_reaper()
     cpus = max(os.cpu_count() or 1, need_cpus)  # the replicas' CPU requests are bookkeeping: let them all start
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, namespace="skillpool")
     return True
@@ -124,6 +127,7 @@ def serve_cluster(cfg: ServerConfig, threads: int | None, log_level: str = "info
     local = False
     try:
         local = connect(ray, cfg.ray_address, cfg.replicas * (threads or 1))
+        on_stop_signals(first_signal)  # again: ray.init put its own SIGTERM handler (sys.exit, no drain) in place
         deploy(spec, cfg.host, cfg.port)
         deploying[0] = False
         print(

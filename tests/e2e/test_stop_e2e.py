@@ -1,0 +1,56 @@
+"""`skillpool serve` (hf engine, the real SmolLM2) stopped as an orchestrator stops it, with streams in flight.
+
+SIGTERM after the first tokens: a short stream finishes with its finish_reason, a long one ends at the deadline with
+the final error event, a new request during the drain gets 503 with Retry-After, the server exits 0 within the
+timeout and its close, and no process of its tree is alive 10 s later. SIGKILL: the streams are cut, and still no
+process of the tree lives on. vLLM's engine processes: tests/e2e/test_vllm_stop_e2e.py; --replicas and
+`skillpool worker`: test_stop_cluster_e2e.py, test_stop_worker_e2e.py."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from openai import APIError
+
+from skillpool.evaluation.process import ServerProcess
+from skillpool.server.stopping import CLOSE_BUDGET_S
+from tests.e2e.stopping import Stream, assert_all_gone, exits, refused_while_draining, tree
+
+pytestmark = pytest.mark.slow
+TIMEOUT_S = 20.0  # --shutdown-timeout: the short stream's 24 tokens fit it, the long stream's 1,500 do not
+
+
+def test_sigterm_drains_then_nothing_outlives_the_server(tmp_path: Path) -> None:
+    flags = ["--shutdown-timeout", f"{TIMEOUT_S:g}", "--threads", "1"]
+    with ServerProcess(tmp_path / "data", flags) as srv:
+        assert srv.proc is not None
+        long = Stream(srv.url, max_tokens=1500, ignore_eos=True)
+        long.wait_first()
+        short = Stream(srv.url, max_tokens=24)
+        short.wait_first()
+        procs = tree(srv.proc.pid)
+        srv.proc.send_signal(signal.SIGTERM)
+
+        refused_while_draining(srv.url)
+        short.ended(TIMEOUT_S + 30)
+        assert short.error is None and short.finish_reason == "length"
+        long.ended(TIMEOUT_S + 30)
+        assert isinstance(long.error, APIError) and long.error.code == "server_shutting_down", long.error
+        assert exits(srv.proc, TIMEOUT_S + CLOSE_BUDGET_S + 10) == 0, srv.log_tail()
+        assert "SIGTERM: stopping; 2 request(s) in flight" in srv.log_tail(20_000)  # both streams were drained
+    assert_all_gone(procs)
+
+
+def test_after_sigkill_nothing_the_server_started_lives_on(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", ["--threads", "1"]) as srv:
+        assert srv.proc is not None
+        stream = Stream(srv.url, max_tokens=1500, ignore_eos=True)
+        stream.wait_first()
+        procs = tree(srv.proc.pid)
+        srv.proc.send_signal(signal.SIGKILL)
+        assert exits(srv.proc, 30) == -signal.SIGKILL
+        stream.ended(60)
+        assert stream.error is not None and stream.finish_reason is None  # cut: nothing could end it
+    assert_all_gone(procs)

@@ -1,0 +1,61 @@
+"""`skillpool serve --engine vllm` stopped with streams in flight: vLLM's EngineCore and Worker processes end with it.
+
+SIGTERM after the first tokens: the short stream finishes, the long one ends with the final error event at the
+deadline, a new request during the drain gets 503, the server exits 0 in time and no process of its tree (engine
+core, worker, resource tracker) is alive 10 s later. SIGKILL: the engine core learns from the kernel that its parent
+is gone (PR_SET_PDEATHSIG, asked for by our vLLM plugin), its worker from vLLM's own death pipe, and none lives on."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from skillpool.evaluation.process import ServerProcess
+from skillpool.server.stopping import CLOSE_BUDGET_S
+from tests.e2e.stopping import Stream, assert_all_gone, exits, names, refused_while_draining, tree
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+TIMEOUT_S = 20.0
+FLAGS = ["--engine", "vllm", "--max-model-len", "1024", "--max-batch-size", "4", "--shutdown-timeout", f"{TIMEOUT_S:g}"]
+
+
+def engine_processes(procs: dict[int, object]) -> list[str]:
+    found = [n for n in names(procs) if "VLLM::" in n]  # vLLM names its processes VLLM::EngineCore, VLLM::Worker
+    assert any("EngineCore" in n for n in found) and any("Worker" in n for n in found), names(procs)
+    return found
+
+
+def test_sigterm_drains_then_no_engine_process_outlives_the_server(tmp_path: Path) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
+    with ServerProcess(tmp_path / "data", FLAGS, startup_s=900) as srv:
+        assert srv.proc is not None
+        long = Stream(srv.url, max_tokens=900, ignore_eos=True)
+        long.wait_first(600)
+        short = Stream(srv.url, max_tokens=16)
+        short.wait_first(600)
+        procs = tree(srv.proc.pid)
+        engine_processes(procs)
+        srv.proc.send_signal(signal.SIGTERM)
+
+        refused_while_draining(srv.url)
+        short.ended(TIMEOUT_S + 30)
+        assert short.error is None and short.finish_reason == "length"
+        long.ended(TIMEOUT_S + 30)
+        assert long.error is not None and getattr(long.error, "code", None) == "server_shutting_down", long.error
+        assert exits(srv.proc, TIMEOUT_S + CLOSE_BUDGET_S + 10) == 0, srv.log_tail()
+    assert_all_gone(procs)
+
+
+def test_after_sigkill_the_engine_processes_notice_and_exit(tmp_path: Path) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
+    with ServerProcess(tmp_path / "data", FLAGS, startup_s=900) as srv:
+        assert srv.proc is not None
+        stream = Stream(srv.url, max_tokens=900, ignore_eos=True)
+        stream.wait_first(600)
+        procs = tree(srv.proc.pid)
+        engine_processes(procs)
+        srv.proc.send_signal(signal.SIGKILL)
+        assert exits(srv.proc, 30) == -signal.SIGKILL
+    assert_all_gone(procs)
