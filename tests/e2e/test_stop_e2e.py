@@ -1,6 +1,6 @@
 """`skillpool serve` (hf engine, the real SmolLM2) stopped as an orchestrator stops it, with streams in flight.
 
-SIGTERM after the first tokens: a short stream finishes with its finish_reason, a long one ends at the deadline with
+SIGTERM after the first tokens, with an in-process trainer or `--no-trainer` on Redis: a short stream finishes with its finish_reason, a long one ends at the deadline with
 the final error event, a new request during the drain gets 503 with Retry-After, the server exits 0 within the
 timeout and its close, and no process of its tree is alive 10 s later. SIGKILL: the streams are cut, and still no
 process of the tree lives on. vLLM's engine processes: tests/e2e/test_vllm_stop_e2e.py; --replicas and
@@ -9,6 +9,7 @@ process of the tree lives on. vLLM's engine processes: tests/e2e/test_vllm_stop_
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,14 +17,27 @@ from openai import APIError
 
 from skillpool.evaluation.process import ServerProcess
 from skillpool.server.stopping import CLOSE_BUDGET_S
+from tests.conftest import start_redis
 from tests.e2e.stopping import Stream, assert_all_gone, exits, refused_while_draining, tree
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 20.0  # --shutdown-timeout: the short stream's 24 tokens fit it, the long stream's 1,500 do not
 
 
-def test_sigterm_drains_then_nothing_outlives_the_server(tmp_path: Path) -> None:
-    flags = ["--shutdown-timeout", f"{TIMEOUT_S:g}", "--threads", "1"]
+@pytest.fixture(params=["trainer", "no-trainer"])
+def trainer_flags(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[str]]:
+    """An in-process trainer, or `--redis-url URL --no-trainer` (workers train elsewhere)."""
+    if request.param == "trainer":
+        yield []
+        return
+    redis_proc, url = start_redis(tmp_path / "redis")
+    yield ["--redis-url", url, "--no-trainer"]
+    redis_proc.terminate()
+    redis_proc.wait(timeout=10)
+
+
+def test_sigterm_drains_then_nothing_outlives_the_server(tmp_path: Path, trainer_flags: list[str]) -> None:
+    flags = ["--shutdown-timeout", f"{TIMEOUT_S:g}", "--threads", "1", *trainer_flags]
     with ServerProcess(tmp_path / "data", flags) as srv:
         assert srv.proc is not None
         long = Stream(srv.url, max_tokens=1500, ignore_eos=True)
