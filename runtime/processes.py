@@ -83,23 +83,36 @@ def stop_processes(procs: list[psutil.Process], grace_s: float) -> list[psutil.P
 
 
 def stop_descendants(grace_s: float) -> list[psutil.Process]:
-    """Stop every process below this one (see stop_processes). The multiprocessing resource tracker is stopped
-    its own way first: it ignores SIGTERM, and it removes what the others left in shared memory as it ends."""
-    _stop_resource_tracker()
-    return stop_processes(descendants(), grace_s)
+    """Stop every process below this one (see stop_processes); returns those that had to be killed. The
+    multiprocessing resource tracker goes last, its own way: it ignores SIGTERM, and it exits by itself, after
+    removing the shared memory the others left, once every process holding its pipe has closed it."""
+    tracker = _resource_tracker_pid()
+    killed = stop_processes([p for p in descendants() if p.pid != tracker], grace_s)
+    _close_resource_tracker()
+    return killed + stop_processes(descendants(), grace_s)
 
 
-def _stop_resource_tracker() -> None:
+def _resource_tracker_pid() -> int | None:
+    from multiprocessing import resource_tracker
+
+    pid = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+def _close_resource_tracker() -> None:
+    """Close this process' end of the tracker's pipe (CPython keeps it in private fields: a best effort), so that
+    the tracker, its other holders stopped, cleans up and exits; stop_processes then waits for it."""
     from multiprocessing import resource_tracker
 
     tracker = getattr(resource_tracker, "_resource_tracker", None)
-    stop = getattr(tracker, "_stop", None)  # CPython's own way to end it (closing its pipe), since 3.8
-    if stop is None:
+    fd = getattr(tracker, "_fd", None)
+    if not isinstance(fd, int):
         return
     try:
-        stop()
-    except Exception as e:  # it is a best effort: the sweep that follows stops it anyway
+        os.close(fd)
+    except OSError as e:
         log.debug("resource tracker: %s", e)
+    tracker._fd = None  # type: ignore[union-attr]  # as its own _stop() leaves it
 
 
 def _name(p: psutil.Process) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shlex
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,8 @@ from ..config import ServerConfig
 from ..engines import Engine, EngineEvent
 from .replica import EngineReplica, Refusal, WireRequest
 from .stop import notice_handle
+
+log = logging.getLogger(__name__)
 
 APP = "skillpool"
 ENGINE, INGRESS = "SkillpoolEngine", "SkillpoolIngress"
@@ -190,8 +193,12 @@ class IngressDeployment:
         """Drain as one server does once the deployer posts the stop (server/cluster/stop.py), then say so."""
         from ..stopping import wind_down
 
-        while (left := await notice.wait_begun.remote()) is None:
-            pass
+        try:
+            while (left := await notice.wait_begun.remote()) is None:
+                pass
+        except Exception as e:  # the notice is gone (its application deleted, its node lost): Serve's stop remains
+            log.warning("stop notice unreachable (%s); this replica stops as Ray Serve stops it", e)
+            return
         await wind_down(self._asgi.state.drain, self.components, left)
         await notice.drained.remote(replica)
 

@@ -3,7 +3,8 @@
 SIGTERM after the first tokens: the short stream finishes, the long one ends with the final error event at the
 deadline, a new request during the drain gets 503, the server exits 0 in time and no process of its tree (engine
 core, worker, resource tracker) is alive 10 s later. SIGKILL: the engine core learns from the kernel that its parent
-is gone (PR_SET_PDEATHSIG, asked for by our vLLM plugin), its worker from vLLM's own death pipe, and none lives on."""
+is gone (PR_SET_PDEATHSIG, asked for by our vLLM plugin), and none lives on. A second SIGTERM during the drain exits
+at once, taking them along."""
 
 from __future__ import annotations
 
@@ -58,4 +59,20 @@ def test_after_sigkill_the_engine_processes_notice_and_exit(tmp_path: Path) -> N
         engine_processes(procs)
         srv.proc.send_signal(signal.SIGKILL)
         assert exits(srv.proc, 30) == -signal.SIGKILL
+    assert_all_gone(procs)
+
+
+def test_a_second_signal_during_the_drain_exits_at_once_with_the_engine_processes(tmp_path: Path) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed: bash setup.sh --engine vllm")
+    flags = [*FLAGS[:-1], "600"]  # a drain that would wait ten minutes for the stream
+    with ServerProcess(tmp_path / "data", flags, startup_s=900) as srv:
+        assert srv.proc is not None
+        stream = Stream(srv.url, max_tokens=900, ignore_eos=True)
+        stream.wait_first(600)
+        procs = tree(srv.proc.pid)
+        engine_processes(procs)
+        srv.proc.send_signal(signal.SIGTERM)
+        refused_while_draining(srv.url)  # draining, the stream still running
+        srv.proc.send_signal(signal.SIGTERM)
+        assert exits(srv.proc, 30) == 128 + signal.SIGTERM
     assert_all_gone(procs)

@@ -67,26 +67,39 @@ def test_descendants_are_children_and_grandchildren() -> None:
 
 
 SIGNALLED = """
-import subprocess, sys, time
+import multiprocessing, subprocess, sys, time
+from multiprocessing import shared_memory
 from skillpool.runtime.processes import on_stop_signals
-child = subprocess.Popen(["sleep", "60"])
-on_stop_signals(lambda sig: print("first", sig, flush=True))
-print(child.pid, flush=True)
-time.sleep(60)
+
+if __name__ == "__main__":
+    child = subprocess.Popen(["sleep", "60"])
+    # as vLLM's processes: shared memory (which starts CPython's resource tracker) and a spawned child holding it
+    memory = shared_memory.SharedMemory(create=True, size=4096)
+    spawned = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    spawned.start()
+    on_stop_signals(lambda sig: print("first", sig, flush=True))
+    print(child.pid, spawned.pid, memory.name, flush=True)
+    time.sleep(60)
 """
 
 
-def test_the_first_stop_signal_begins_a_stop_and_a_second_exits_at_once_with_the_children() -> None:
-    proc = python(SIGNALLED)
+def test_the_first_stop_signal_begins_a_stop_and_a_second_exits_at_once_with_the_children(tmp_path: Path) -> None:
+    script = tmp_path / "signalled.py"
+    script.write_text(SIGNALLED)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        (child,) = pids_from(proc, 1)
+        assert proc.stdout is not None
+        child, spawned, memory = proc.stdout.readline().split()
+        below = descendants(proc.pid)  # the sleep, the spawned child, the resource tracker
+        assert {int(child), int(spawned)} < {p.pid for p in below} and len(below) == 3
         proc.send_signal(signal.SIGTERM)
-        assert proc.stdout is not None and proc.stdout.readline().split() == ["first", str(int(signal.SIGTERM))]
-        assert proc.poll() is None and alive(psutil.Process(child))  # the first only begins a stop
+        assert proc.stdout.readline().split() == ["first", str(int(signal.SIGTERM))]
+        assert proc.poll() is None and all(alive(p) for p in below)  # the first only begins a stop
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 128 + signal.SIGINT  # as a shell reports a process a signal ended
-        until(lambda: not psutil.pid_exists(child) or not alive(psutil.Process(child)), timeout=5)
+        assert proc.wait(20) == 128 + signal.SIGINT  # as a shell reports a process a signal ended
+        until(lambda: not any(alive(p) for p in below), timeout=10)
         assert "second SIGINT" in (proc.stderr.read() if proc.stderr else "")
+        assert not Path("/dev/shm", memory).exists()  # the tracker removed what its holders left
     finally:
         proc.kill()
         proc.wait()
