@@ -13,7 +13,7 @@ of ours, leaving vLLM's engine processes behind. Here the first SIGTERM or SIGIN
 
 A second signal at any point exits at once, taking the processes below with it (runtime/processes.py). A server
 killed with SIGKILL cannot do any of this: the processes it started end by themselves (vLLM's through
-`die_with_parent`, a local Ray's through Ray's own fate sharing).
+`die_with_parent`, a local Ray's through Ray's own fate sharing and the reaper, runtime/reaper.py).
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import psutil
 
+from skillpool.evaluation.process import ServerProcess
 from skillpool.runtime.processes import alive, descendants
 from tests.conftest import until
 
@@ -125,4 +127,49 @@ def exits(proc: subprocess.Popen[bytes], timeout: float) -> int:
         raise AssertionError(f"the server did not exit within {timeout:g} s of the signal") from None
 
 
-SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL}
+Check = Callable[[dict[int, psutil.Process]], object]  # what the recorded tree must hold (an engine's processes)
+
+
+def streaming(
+    srv: ServerProcess, max_tokens: int, check: Check | None = None
+) -> tuple[dict[int, psutil.Process], Stream]:
+    """A long stream (ignore_eos) past its first token, and the server's process tree recorded then."""
+    assert srv.proc is not None
+    stream = Stream(srv.url, max_tokens=max_tokens, ignore_eos=True)
+    stream.wait_first(600)
+    procs = tree(srv.proc.pid)
+    if check is not None:
+        check(procs)
+    return procs, stream
+
+
+def sigterm_while_streaming(
+    srv: ServerProcess, timeout_s: float, exit_s: float, long_tokens: int, check: Check | None = None
+) -> tuple[dict[int, psutil.Process], Stream]:
+    """SIGTERM with a long stream and a short one (24 tokens) in flight: a new request gets 503, the short stream
+    finishes, the long one ends somehow, the server exits 0 within `exit_s`. The tree, and the long stream."""
+    assert srv.proc is not None
+    procs, long = streaming(srv, long_tokens)
+    short = Stream(srv.url, max_tokens=24)
+    short.wait_first(600)
+    procs |= tree(srv.proc.pid)
+    if check is not None:
+        check(procs)
+    srv.proc.send_signal(signal.SIGTERM)
+    refused_while_draining(srv.url)
+    short.ended(timeout_s + 30)
+    assert short.error is None and short.finish_reason == "length"
+    long.ended(timeout_s + 30)
+    assert exits(srv.proc, exit_s) == 0, srv.log_tail()
+    return procs, long
+
+
+def sigkill_while_streaming(
+    srv: ServerProcess, long_tokens: int, check: Check | None = None
+) -> dict[int, psutil.Process]:
+    """SIGKILL with a long stream in flight; the tree recorded before."""
+    assert srv.proc is not None
+    procs, _ = streaming(srv, long_tokens, check)
+    srv.proc.send_signal(signal.SIGKILL)
+    assert exits(srv.proc, 30) == -signal.SIGKILL
+    return procs

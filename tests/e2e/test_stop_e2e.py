@@ -8,7 +8,6 @@ process of the tree lives on. vLLM's engine processes: tests/e2e/test_vllm_stop_
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from openai import APIError
 from skillpool.evaluation.process import ServerProcess
 from skillpool.server.stopping import CLOSE_BUDGET_S
 from tests.conftest import start_redis
-from tests.e2e.stopping import Stream, assert_all_gone, exits, refused_while_draining, tree
+from tests.e2e.stopping import assert_all_gone, sigkill_while_streaming, sigterm_while_streaming
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 20.0  # --shutdown-timeout: the short stream's 24 tokens fit it, the long stream's 1,500 do not
@@ -39,32 +38,13 @@ def trainer_flags(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[li
 def test_sigterm_drains_then_nothing_outlives_the_server(tmp_path: Path, trainer_flags: list[str]) -> None:
     flags = ["--shutdown-timeout", f"{TIMEOUT_S:g}", "--threads", "1", *trainer_flags]
     with ServerProcess(tmp_path / "data", flags) as srv:
-        assert srv.proc is not None
-        long = Stream(srv.url, max_tokens=1500, ignore_eos=True)
-        long.wait_first()
-        short = Stream(srv.url, max_tokens=24)
-        short.wait_first()
-        procs = tree(srv.proc.pid)
-        srv.proc.send_signal(signal.SIGTERM)
-
-        refused_while_draining(srv.url)
-        short.ended(TIMEOUT_S + 30)
-        assert short.error is None and short.finish_reason == "length"
-        long.ended(TIMEOUT_S + 30)
+        procs, long = sigterm_while_streaming(srv, TIMEOUT_S, TIMEOUT_S + CLOSE_BUDGET_S + 10, long_tokens=1500)
         assert isinstance(long.error, APIError) and long.error.code == "server_shutting_down", long.error
-        assert exits(srv.proc, TIMEOUT_S + CLOSE_BUDGET_S + 10) == 0, srv.log_tail()
         assert "SIGTERM: stopping; 2 request(s) in flight" in srv.log_tail(20_000)  # both streams were drained
     assert_all_gone(procs)
 
 
 def test_after_sigkill_nothing_the_server_started_lives_on(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", ["--threads", "1"]) as srv:
-        assert srv.proc is not None
-        stream = Stream(srv.url, max_tokens=1500, ignore_eos=True)
-        stream.wait_first()
-        procs = tree(srv.proc.pid)
-        srv.proc.send_signal(signal.SIGKILL)
-        assert exits(srv.proc, 30) == -signal.SIGKILL
-        stream.ended(60)
-        assert stream.error is not None and stream.finish_reason is None  # cut: nothing could end it
+        procs = sigkill_while_streaming(srv, long_tokens=1500)
     assert_all_gone(procs)

@@ -21,23 +21,17 @@ from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
 from skillpool.server.drain import Drain
-from tests.conftest import make_tiny_base, until
+from tests.conftest import LONG_ANSWER, until
 
 CHAT = "/v1/chat/completions"
-LONG = {
-    "model": "base",
-    "messages": [{"role": "user", "content": "Tell me a long story"}],
-    "max_tokens": 6000,
-    "ignore_eos": True,
-    "temperature": 0,
-}
+LONG = LONG_ANSWER
 
 
 @pytest.fixture(scope="module")
-def components(smollm, embedder, tmp_path_factory):  # type: ignore[no-untyped-def]
-    base = make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-long"), max_positions=8192)
-    cfg = ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_batch_size=2)
-    c = build_components(cfg, base=base, embedder=embedder)
+def components(tiny_long, embedder, tmp_path_factory):  # type: ignore[no-untyped-def]
+    c = build_components(
+        ServerConfig(data_dir=tmp_path_factory.mktemp("data"), max_batch_size=2), base=tiny_long, embedder=embedder
+    )
     yield c
     c.close()
 

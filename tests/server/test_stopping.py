@@ -25,13 +25,12 @@ from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
 from skillpool.server.stopping import CLOSE_BUDGET_S, DrainingServer
-from tests.conftest import make_tiny_base, sst2_lines, until
+from tests.conftest import sst2_lines, until
 
 
 @pytest.fixture
-def components(smollm, embedder, tmp_path):  # type: ignore[no-untyped-def]
-    base = make_tiny_base(smollm, tmp_path / "tiny-long", max_positions=8192)
-    c = build_components(ServerConfig(data_dir=tmp_path / "data"), base=base, embedder=embedder)
+def components(tiny_long, embedder, tmp_path):  # type: ignore[no-untyped-def]
+    c = build_components(ServerConfig(data_dir=tmp_path / "data"), base=tiny_long, embedder=embedder)
     yield c
     c.close()
 
