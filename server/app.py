@@ -14,6 +14,7 @@ from .auth import KeyRing
 from .chat import api_router as chat_api
 from .components import Components
 from .console import install_console
+from .drain import Drain, DrainGate
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
 from .imports import api_router as imports_api
@@ -38,6 +39,8 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     install_handlers(app)
     install_admin(app, c.router, c.metrics)
     install_console(app)  # the web page at /console, over the APIs below
+    app.state.drain = drain = Drain()  # the requests in flight, and the drain a stop begins (server/stopping.py)
+    app.add_middleware(DrainGate, drain=drain)
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.http.max_upload_bytes, request_bytes=c.cfg.http.max_request_bytes)
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 

@@ -17,14 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import signal
 
-    import uvicorn
-
     from skillpool.adapters_store.objects import StoreUnavailable
     from skillpool.runtime.openmp import in_own_thread
+    from skillpool.runtime.processes import exit_now, on_stop_signals
 
     from .app import create_app
     from .auth import KeyFileError, KeyRing
     from .bootstrap import build_components
+    from .stopping import serve
 
     cfg = ServerConfig.from_cli_args(args)
     setup_process(args.threads, cfg.observability.log_level)
@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         from .cluster.launch import serve_cluster  # imports Ray only after checking that it is installed
 
         return serve_cluster(cfg, args.threads, cfg.observability.log_level)
-    signal.signal(signal.SIGHUP, lambda *_: keys.reload())  # uvicorn handles SIGINT and SIGTERM, not this one
+    signal.signal(signal.SIGHUP, lambda *_: keys.reload())
+    on_stop_signals(exit_now)  # while it starts there is nothing to drain: stop at once, with what it started
     try:
         # loading runs torch on every core: in a thread of its own, whose OpenMP pool ends with it (openmp.py)
         components = in_own_thread(lambda: build_components(cfg), "skillpool-start")
@@ -54,8 +55,6 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    try:
-        uvicorn.run(app, host=cfg.http.host, port=cfg.http.port, log_level=cfg.observability.log_level.lower())
-    finally:
-        components.close()
-    return 0
+    return serve(
+        app, components, cfg.http.host, cfg.http.port, cfg.observability.log_level.lower(), cfg.http.shutdown_timeout_s
+    )

@@ -50,7 +50,7 @@ class Components:
 
     def close(self) -> None:
         self.routing.close()
-        self.jobs.close()
+        self.jobs.close()  # a job still training ends (server/stopping.py stopped it already on a signal)
         self.bus.close()
         self.engine.close()
 

@@ -19,6 +19,7 @@ from skillpool.router import RouterSettings
 from skillpool.router.flags import add_router_flags, router_settings
 from skillpool.runtime.dtype import DTYPES
 from skillpool.runtime.flags import add_options, byte_size, number, option, positive_int, read_options
+from skillpool.runtime.processes import SHUTDOWN_TIMEOUT_S
 from skillpool.runtime.threads import add_threads_argument
 from skillpool.trainer.service import DEFAULT_PREFIX
 
@@ -162,7 +163,7 @@ class TrainingConfig:
 
 @dataclass(frozen=True)
 class HttpConfig:
-    """HTTP address, keys and limits: where the API listens, who may call it, and how much a caller may send or queue."""
+    """HTTP address, keys and limits: where the API listens, who may call it, how much a caller may send or queue, and how long a stop lets requests finish."""
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "port to listen on")
@@ -197,6 +198,14 @@ class HttpConfig:
         "URLs: POST /v1/skills/import's adapter_path and /v1/load_lora_adapter's lora_path must lie inside one "
         "(default: none, only uploaded adapters; env SKILLPOOL_ALLOWED_ADAPTER_PATHS)",
         env="SKILLPOOL_ALLOWED_ADAPTER_PATHS",
+    )
+    shutdown_timeout_s: float = option(
+        SHUTDOWN_TIMEOUT_S,
+        "on SIGTERM or SIGINT: readiness fails and new requests get 503 at once, the requests in flight get this "
+        "long (seconds) to finish and the rest then end with an error, the trainer stops, then the engine; fits "
+        "Kubernetes' default 30 s grace period (docs/operations.md)",
+        "--shutdown-timeout",
+        parse=number(float, lo=0),
     )
 
 

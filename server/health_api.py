@@ -1,5 +1,6 @@
 """Health and metrics endpoints: GET /healthz (liveness: engine and routing alive; 503 otherwise), GET /readyz
-(readiness, with each check; the trainer is named but does not gate it) and GET /metrics."""
+(readiness, with each check; the trainer is named but does not gate it; 503 once the server is stopping) and GET
+/metrics."""
 
 from __future__ import annotations
 
@@ -37,12 +38,14 @@ async def readyz(request: Request) -> JSONResponse:
     keeps working without it, so a balancer must not drain the replica when only uploads are affected.
     For the same reason `trainer` (this server's trainer thread alive) is shown, and listed in `failing`
     when false, but never makes the replica unready; a server that runs no trainer (Redis workers train)
-    has no `trainer` check."""
+    has no `trainer` check. `accepting` turns false once the server is stopping (server/drain.py): it then
+    takes no new requests, while liveness stays green for the drain."""
     c = components(request)
     checks = {
         "engine": c.engine.healthy(),
         "routing": c.routing.alive(),
         "model": c.engine.max_context > 0,
+        "accepting": not request.app.state.drain.draining,
     }
     ready = all(checks.values())
     trainer = c.jobs.trainer_alive()

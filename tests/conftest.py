@@ -100,6 +100,23 @@ def tiny_base(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
     return make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-llama"))
 
 
+# a chat body whose answer runs for seconds on `tiny_long` (6,000 tokens, whatever the model says)
+LONG_ANSWER = {
+    "model": "base",
+    "messages": [{"role": "user", "content": "Tell me a long story"}],
+    "max_tokens": 6000,
+    "ignore_eos": True,
+    "temperature": 0,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_long(smollm, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The tiny LLaMA with an 8,192-token context: a long answer takes seconds even on an idle machine (at >= 1 ms a
+    decode step), so a test can act while it streams."""
+    return make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-long"), max_positions=8192)
+
+
 @pytest.fixture(scope="session")
 def embedder():  # type: ignore[no-untyped-def]
     from skillpool.router.embedder import SentenceEmbedder

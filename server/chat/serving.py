@@ -253,13 +253,18 @@ def _busy(e: EngineBusy) -> APIError:
 
 
 async def _unless_gone(request: Request, task: asyncio.Future[Any]) -> bool:
-    """Wait for the task; False (and the task cancelled) if the client disconnects first."""
-    while not task.done():
-        done, _ = await asyncio.wait({task}, timeout=0.25)
-        if not done and await request.is_disconnected():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return False
+    """Wait for the task; False (and the task cancelled) if the client disconnects first. Cancelled itself (a
+    stopping server ends the request), it cancels the task too: asyncio.wait would leave it generating."""
+    try:
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if not done and await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return False
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     return True
 
 

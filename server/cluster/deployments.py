@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shlex
 from collections.abc import AsyncIterator, Callable
@@ -29,6 +30,9 @@ from skillpool.runtime.process import process_env, setup_process
 from ..config import ServerConfig, add_serve_arguments
 from ..engines import Engine, EngineEvent
 from .replica import EngineReplica, Refusal, WireRequest
+from .stop import notice_handle
+
+log = logging.getLogger(__name__)
 
 APP = "skillpool"
 ENGINE, INGRESS = "SkillpoolEngine", "SkillpoolIngress"
@@ -60,6 +64,10 @@ class ClusterSpec:
         return f"{self.app_name}-hub"
 
     @property
+    def stop_name(self) -> str:
+        return f"{self.app_name}-stop"
+
+    @property
     def models_per_replica(self) -> int:
         if self.mux_models is not None:
             return self.mux_models
@@ -80,11 +88,18 @@ class ClusterSpec:
             "max_queued_requests": self.cfg.http.max_waiting,  # beyond it Ray refuses: a 429, as one server's queue does
             "ray_actor_options": actor,
             "health_check_period_s": 5,
+            # Serve's own stop of a replica (a RayService upgrade, a scale-down) waits this long for its requests
+            "graceful_shutdown_timeout_s": self.cfg.http.shutdown_timeout_s,
         }
 
     def ingress_options(self) -> dict[str, Any]:
         actor = {"num_cpus": 0, "runtime_env": {"env_vars": REPLICA_ENV}}
-        return {"name": INGRESS, "num_replicas": self.ingress_replicas, "ray_actor_options": actor}
+        return {
+            "name": INGRESS,
+            "num_replicas": self.ingress_replicas,
+            "ray_actor_options": actor,
+            "graceful_shutdown_timeout_s": self.cfg.http.shutdown_timeout_s,
+        }
 
 
 def _process_setup(threads: int | None) -> None:
@@ -175,11 +190,28 @@ class IngressDeployment:
         keys = KeyRing.from_config(cfg)
         self._keys_watch = KeyFileWatch(keys) if cfg.http.api_keys_file is not None else None  # no SIGHUP reaches here
         self._asgi = create_app(self.components, keys)
+        self._stop_watch = asyncio.ensure_future(self._follow_stop(notice_handle(spec.stop_name), rid))
+
+    async def _follow_stop(self, notice: Any, replica: str) -> None:
+        """Drain as one server does once the deployer posts the stop (server/cluster/stop.py), then say so."""
+        from ..stopping import wind_down
+
+        try:
+            while (left := await notice.wait_begun.remote()) is None:
+                pass
+        except Exception as e:  # the notice is gone (its application deleted, its node lost): Serve's stop remains
+            log.warning("stop notice unreachable (%s); this replica stops as Ray Serve stops it", e)
+            return
+        await wind_down(self._asgi.state.drain, self.components, left)
+        await notice.drained.remote(replica)
 
     def __serve_build_asgi_app__(self) -> Any:
         return self._asgi
 
     def __del__(self) -> None:
+        stop_watch = getattr(self, "_stop_watch", None)
+        if stop_watch is not None:
+            stop_watch.cancel()
         watch = getattr(self, "_keys_watch", None)
         if watch is not None:
             watch.close()

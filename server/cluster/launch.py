@@ -3,7 +3,12 @@
 Everything that can be wrong is found before anything starts: flags that need --replicas or --redis-url, Ray
 missing (the error names the install command), a --ray-address nothing answers at (within CONNECT_S). Then a
 local Ray (no address) or the cluster's, Ray Serve's HTTP proxy on --host/--port, the application (deployments.py)
-and the hub (hub.py); SIGINT or SIGTERM deletes the application, and a local Ray stops with the process.
+and the hub (hub.py).
+
+The first SIGINT or SIGTERM drains the ingress replicas as one server drains (through the stop notice, stop.py),
+deletes the application, and stops a local Ray with every process it started (a cluster given by --ray-address is
+left running); one while it deploys stops the deployment at once. A second signal exits at once, taking a local
+Ray's processes with it.
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ import signal
 import socket
 import sys
 import threading
+import time
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
+
+from skillpool.runtime.processes import on_stop_signals, stop_descendants
+from skillpool.runtime.reaper import start_reaper
 
 from ..config import ServerConfig
 
@@ -24,6 +33,8 @@ log = logging.getLogger(__name__)
 
 INSTALL = "pip install -e .[cluster] (or bash setup.sh --cluster)"
 CONNECT_S = 5.0  # a --ray-address that does not accept a connection this fast is reported unreachable
+DRAINED_SLACK_S = 10.0  # beyond --shutdown-timeout: the ingress replicas' own ending of what was left
+SWEEP_GRACE_S = 3.0  # a process still below this one once Ray stopped: SIGTERM, then SIGKILL after this long
 KEYS_NOTE = "skillpool: the ingress replicas re-read the keys file {} within 2 s of a change"
 
 
@@ -82,11 +93,13 @@ def probe(address: str, timeout: float = CONNECT_S) -> None:
 
 
 def connect(ray: Any, address: str | None, need_cpus: int) -> bool:
-    """Join the cluster at `address` or start a local one; True when this process started it (it stops it too)."""
+    """Join the cluster at `address` or start a local one; True when this process started it (it stops it too,
+    and a reaper does if this process is killed: runtime/reaper.py)."""
     if address:
         probe(address)
         ray.init(address=address, namespace="skillpool", log_to_driver=True)
         return False
+    start_reaper()
     cpus = max(os.cpu_count() or 1, need_cpus)  # the replicas' CPU requests are bookkeeping: let them all start
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, namespace="skillpool")
     return True
@@ -101,16 +114,24 @@ def serve_cluster(cfg: ServerConfig, threads: int | None, log_level: str = "info
     for k, v in REPLICA_ENV.items():  # this process routes nothing, but a handle made here reads them too
         os.environ.setdefault(k, v)
     spec = ClusterSpec(cfg, cfg.cluster.replicas, cfg.cluster.ingress_replicas, threads)
-    local = connect(ray, cfg.cluster.ray_address, cfg.cluster.replicas * (threads or 1))
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop, deploying = threading.Event(), [True]
+
+    def first_signal(sig: int) -> None:
+        stop.set()
+        if deploying[0]:  # nothing serves yet: interrupt the deployment, then undeploy
+            raise Interrupted(signal.Signals(sig).name)
+
+    on_stop_signals(first_signal)
     # the ingress replicas re-read the keys file when it changes; SIGHUP (which would end this process) says so
     signal.signal(
         signal.SIGHUP, lambda *_: print(KEYS_NOTE.format(cfg.http.api_keys_file), file=sys.stderr, flush=True)
     )
+    local = False
     try:
+        local = connect(ray, cfg.cluster.ray_address, cfg.cluster.replicas * (threads or 1))
+        on_stop_signals(first_signal)  # again: ray.init put its own SIGTERM handler (sys.exit, no drain) in place
         deploy(spec, cfg.http.host, cfg.http.port)
+        deploying[0] = False
         print(
             f"skillpool: serving on Ray Serve, {spec.replicas} engine replica(s) ({cfg.serving.engine}) and "
             f"{spec.ingress_replicas} ingress replica(s), on http://{cfg.http.host}:{cfg.http.port}",
@@ -119,20 +140,51 @@ def serve_cluster(cfg: ServerConfig, threads: int | None, log_level: str = "info
         )
         while not stop.wait(1.0):
             pass
+        drain(spec, cfg.http.shutdown_timeout_s)
+    except Interrupted as e:
+        print(f"skillpool: {e}: stopping the deployment", file=sys.stderr, flush=True)
     finally:
+        deploying[0] = False
         undeploy(spec, local)
+        stop_descendants(SWEEP_GRACE_S)  # whatever a local Ray left
     return 0
+
+
+class Interrupted(Exception):
+    """A stop signal while the application deploys."""
+
+
+def drain(spec: Any, timeout_s: float) -> None:
+    """Have every ingress replica drain (stop.py) and wait for them, within the timeout and its slack."""
+    import ray
+
+    from .stop import notice_handle
+
+    print(
+        f"skillpool: stopping; the requests in flight get up to {timeout_s:g} s (another signal stops at once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    t0 = time.monotonic()
+    notice = notice_handle(spec.stop_name)
+    ray.get(notice.begin.remote(timeout_s))
+    drained = ray.get(notice.wait_drained.remote(spec.ingress_replicas, timeout_s + DRAINED_SLACK_S))
+    log.info("stopping: %d of %d ingress replica(s) drained in %.1f s", drained, spec.ingress_replicas,
+             time.monotonic() - t0)  # fmt: skip
 
 
 def deploy(spec: Any, host: str = "127.0.0.1", port: int = 8000, ingress: bool = True) -> Any:
     """The application on Ray Serve (the ingress and the engines, or the engines alone); its handle once every
     replica is up."""
+    import ray
     from ray import serve
 
     from .deployments import build_app, engine_app
     from .hub import hub_handle
+    from .stop import notice_handle
 
     hub_handle(spec.hub_name)  # before any replica: they all find it by name
+    ray.get(notice_handle(spec.stop_name).reset.remote())
     if ingress:
         serve.start(http_options={"host": host, "port": port})
         return serve.run(build_app(spec), name=spec.app_name, route_prefix="/")
@@ -146,9 +198,12 @@ def undeploy(spec: Any, local: bool) -> None:
 
     from .hub import NAMESPACE
 
+    if not ray.is_initialized():  # stopped before it connected: nothing deployed (its processes are swept)
+        return
     try:
         serve.delete(spec.app_name)
-        ray.kill(ray.get_actor(spec.hub_name, namespace=NAMESPACE))
+        for name in (spec.hub_name, spec.stop_name):
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
     except Exception as e:  # Ray is going away already
         log.warning("cleanup: %s", e)
     if local:

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from skillpool.lora.concat import adapter_rank, zero_adapter
 from skillpool.runtime.base_model import resolve_device
+from skillpool.runtime.processes import DIE_WITH_PARENT
 
 from .chat_template import ChatFront
 from .protocol import (
@@ -146,6 +148,9 @@ class VLLMEngine(StreamsEvents, ChatFront):
         self._zero = None if cuda or self.exact else self._zero_request(config, cache_dir / "vllm-zero")
         if self.exact:  # vLLM spawns its worker: the extension's import installs the hooks there
             args.worker_extension_cls = plugin.WORKER_EXTENSION
+        # the engine core and its workers end with the process that started them, even one SIGKILLed: vLLM's
+        # workers watch their engine core, nothing watches the core (our plugin's register() asks for it)
+        os.environ[DIE_WITH_PARENT] = "1"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="skillpool-engine-vllm", daemon=True)
         self._thread.start()

@@ -40,7 +40,7 @@ def assert_error(resp, status: int, param: str | None, code: str | None = None) 
 def test_health_and_models(client: TestClient) -> None:
     assert client.get("/healthz").json()["status"] == "ok"
     ready = client.get("/readyz")
-    checks = {"engine": True, "routing": True, "model": True, "trainer": True}
+    checks = {"engine": True, "routing": True, "model": True, "accepting": True, "trainer": True}
     assert ready.status_code == 200 and ready.json()["checks"] == checks
     ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
     assert ids[:2] == ["tiny-llama", "auto"]

@@ -14,28 +14,20 @@ import pytest
 from skillpool.server.app import create_app
 from skillpool.server.bootstrap import build_components
 from skillpool.server.config import ServerConfig
-from tests.conftest import make_tiny_base, served, until
+from tests.conftest import LONG_ANSWER, served, until
 
 
 @pytest.fixture(scope="module")
-def url(smollm, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    # a long context, so that an answer takes seconds even on an idle machine (at >= 1 ms a decode step)
-    base = make_tiny_base(smollm, tmp_path_factory.mktemp("tiny-long"), max_positions=8192)
+def url(tiny_long, embedder, tmp_path_factory) -> Iterator[str]:  # type: ignore[no-untyped-def]
     # one slot: a second request waits in the queue while the first decodes
     cfg = ServerConfig.of(data_dir=tmp_path_factory.mktemp("data"), max_batch_size=1)
-    c = build_components(cfg, base=base, embedder=embedder)
+    c = build_components(cfg, base=tiny_long, embedder=embedder)
     with served(create_app(c)) as root:
         yield root
     c.close()
 
 
-BODY = {
-    "model": "base",
-    "messages": [{"role": "user", "content": "Tell me a long story"}],
-    "max_tokens": 6000,
-    "ignore_eos": True,
-    "temperature": 0,
-}
+BODY = LONG_ANSWER
 
 
 def running_after_wait(url: str, want: int, timeout: float = 10) -> int:

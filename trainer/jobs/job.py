@@ -95,6 +95,8 @@ class Job:
 
 
 MAX_METRIC_EVENTS = 200
+# how an in-process job that the server's stop interrupted ends (a Redis job goes back to the queue instead)
+SERVER_STOPPED = ("the server stopped before this job finished; create it again", "server_stopped")
 
 
 def new_job_id() -> str:
@@ -112,7 +114,9 @@ class JobQueue(Protocol):
     def depth(self) -> int: ...
     def counts(self) -> tuple[int, int]: ...  # (queued, running): the metrics read them apart
     def cancel(self, job_id: str) -> Job | None: ...
-    def close(self) -> None: ...
+    # stop training: the running job stops at its next check (in-process: it ends failed, server_stopped; Redis:
+    # back to the queue); waits up to timeout_s for the trainer thread
+    def close(self, timeout_s: float = 0.0) -> None: ...
     # job.skill for this job until it ends (trainer.jobs.reservations): None, or the id of the job that holds it
     def reserve(self, job: Job) -> str | None: ...
     def release(self, job: Job) -> None: ...  # a reservation whose job was never recorded (its creation failed)

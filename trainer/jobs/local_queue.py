@@ -1,7 +1,8 @@
 """The in-process job queue: one worker thread in this process trains the jobs one by one.
 
 Job records are kept as JSON under <data>/jobs so that they survive a restart; a job that was queued or running
-when the server stopped is marked failed (its data is gone with the process' queue) and can be re-uploaded.
+when the server stopped is marked failed (its data is gone with the process' queue) and can be re-uploaded: on a
+clean stop (`close`) at once, with the code `server_stopped`; after a kill, at the next start (`server_restarted`).
 A record that cannot be written (disk full) stops nothing: an API call that creates a job fails whole
 (StorageError, nothing recorded or queued), while the worker keeps the record in memory, goes on, and writes it
 as soon as the disk lets it (the next save, or a retry every RETRY_SAVE_S while idle).
@@ -24,7 +25,7 @@ from skillpool.adapters_store.store import SkillRecord
 from ..config import TrainConfig
 from ..records import PENDING, TERMINAL, Example, JobStatus
 from .failures import describe
-from .job import Job, Runner, run_job
+from .job import SERVER_STOPPED, Job, Runner, run_job
 from .reservations import NameReservations
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class LocalJobQueue:
         self._lock = threading.Lock()
         self._disk = threading.Lock()  # one record write at a time, and the set of those not written yet
         self._unsaved: set[str] = set()
+        self._stopping = threading.Event()  # close(): the running job stops, nothing more runs
         self._names = NameReservations(lambda job_id: j.status if (j := self._jobs.get(job_id)) else None)
         sweep(self.dir)  # a record write a kill or a full disk cut short
         self._load()
@@ -123,11 +125,16 @@ class LocalJobQueue:
     def release(self, job: Job) -> None:
         self._names.release(job.skill, job.id)
 
-    def trainer_alive(self) -> bool:
-        return self._thread.is_alive()
+    def trainer_alive(self) -> bool | None:
+        """Whether the trainer thread runs; None once closed (stopped on purpose: not a dead trainer)."""
+        return None if self._stopping.is_set() else self._thread.is_alive()
 
     def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
-        """Queue a job. StorageError (disk full): nothing queued, the job as it was (not counted as pending)."""
+        """Queue a job. StorageError (disk full): nothing queued, the job as it was (not counted as pending). Once
+        the queue is closing the job ends failed (server_stopped) instead: nothing would train it."""
+        if self._stopping.is_set():
+            self._finish(job, JobStatus.FAILED, *SERVER_STOPPED)
+            return job
         with self._lock:
             before, events = job.status, len(job.events)
             job.status = JobStatus.QUEUED
@@ -167,8 +174,22 @@ class LocalJobQueue:
                 self._finish(job, JobStatus.CANCELLED)
             return job
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 0.0) -> None:
+        """Stop training: queued jobs end failed (server_stopped) now, the running one at its next check; waits up
+        to `timeout_s` for it, then records any job still running as failed the same way (the process is ending).
+        Idempotent."""
+        self._stopping.set()
+        with self._lock:
+            queued = [j for j in self._jobs.values() if j.status == JobStatus.QUEUED]
+        for job in queued:
+            self._finish(job, JobStatus.FAILED, *SERVER_STOPPED)
         self._queue.put(None)
+        self._thread.join(timeout_s)
+        with self._lock:
+            running = [j for j in self._jobs.values() if j.status == JobStatus.RUNNING]
+        for job in running:
+            log.warning("job %s: still training %.0f s after the stop; recorded as failed", job.id, timeout_s)
+            self._finish(job, JobStatus.FAILED, *SERVER_STOPPED)
 
     # --- worker -------------------------------------------------------------------------------
     def _finish(self, job: Job, status: JobStatus, error: str | None = None, code: str | None = None) -> None:
@@ -203,10 +224,21 @@ class LocalJobQueue:
 
     def _run(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> None:
         stop = self._cancel[job.id]
-        if stop.is_set():
+        if stop.is_set() or job.status in TERMINAL:  # cancelled, or ended by close() while it waited
             return
         with self._lock:
             job.status, job.started_at = JobStatus.RUNNING, time.time()
             job.log("Fine-tuning job started")
             self._save(job)
-        run_job(job, examples, cfg, self.runner, self._save, self._finish, self.on_success, stop.is_set)
+
+        def finish(j: Job, status: JobStatus, error: str | None, code: str | None) -> None:
+            if j.status in TERMINAL:  # close() gave up waiting and recorded its end already
+                return
+            if status == JobStatus.CANCELLED and not stop.is_set():  # stopped by close(), not by its owner
+                status, (error, code) = JobStatus.FAILED, SERVER_STOPPED
+            self._finish(j, status, error, code)
+
+        def should_stop() -> bool:
+            return stop.is_set() or self._stopping.is_set()
+
+        run_job(job, examples, cfg, self.runner, self._save, finish, self.on_success, should_stop)

@@ -10,6 +10,9 @@ any worker sweeps; each start counts as a try and a job that was started `max_tr
 reason. The job's data stays until the job ends, the queue depth is the two lists' lengths (nothing to leak),
 and a retried job first looks for a skill version its earlier try already wrote, so a version is written once.
 
+A worker that is closed (`close`: its process is stopping) stops the job it trains at its next check and, while it
+still holds the lease, puts it back at the front of the queue at once; the start still counts as a try.
+
 A job that ends stored hands its skill to `on_success` (the worker's start-up announces it on the skill-event
 bus, trainer.bus).
 
@@ -155,7 +158,10 @@ class RedisJobQueue:
         self._release(keys=[self.keys.skill(job.skill)], args=[job.id])
 
     def trainer_alive(self) -> bool | None:
-        return self._worker.is_alive() if self._worker is not None else None
+        """Whether this process' worker thread runs; None where it runs none, or once closed (on purpose)."""
+        if self._worker is None or self._closed.is_set():
+            return None
+        return self._worker.is_alive()
 
     def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
         job.status = JobStatus.QUEUED
@@ -181,8 +187,12 @@ class RedisJobQueue:
         # claimed: its worker sees the cancel key (or, if that worker is gone, the next one does)
         return self.get(job_id)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 0.0) -> None:
+        """Claim nothing more; the running job stops at its next check and goes back to the queue. Waits up to
+        `timeout_s` for it (past that, its lease expiring requeues it). Idempotent."""
         self._closed.set()
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout_s)
 
     # --- worker -------------------------------------------------------------------------------
     def _finish(self, job: Job, status: JobStatus, error: str | None, code: str | None = None) -> None:
@@ -196,6 +206,18 @@ class RedisJobQueue:
             pipe.execute()
         if self.on_finish is not None:
             self.on_finish(job)
+
+    def _requeue(self, job: Job) -> None:
+        """Back at the front of the queue, its lease given up, in one transaction."""
+        job.status, job.started_at = JobStatus.QUEUED, None
+        job.log("The worker stopped before this job finished; it is back in the queue")
+        with self.r.pipeline() as pipe:
+            pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
+            pipe.lrem(self.keys.processing, 0, job.id)
+            pipe.lpush(self.keys.queue, job.id)
+            pipe.delete(self.keys.lease(job.id))
+            pipe.execute()
+        log.info("job %s: back in the queue (this worker is stopping)", job.id)
 
     def _succeeded(self, record: SkillRecord) -> None:
         if self.on_success is not None:
@@ -283,17 +305,19 @@ class RedisJobQueue:
         cancel_key = self.keys.cancel(job_id)
 
         def stop() -> bool:  # a lost lease stops training too: another worker has the job by now
-            return lease.lost.is_set() or bool(self.r.exists(cancel_key))
+            return self._closed.is_set() or lease.lost.is_set() or bool(self.r.exists(cancel_key))
 
         def save(j: Job) -> None:
             if not lease.lost.is_set():
                 self._save(j)
 
         def finish(j: Job, status: JobStatus, error: str | None, code: str | None) -> None:
-            if lease.held():  # fenced: a worker that lost its lease writes no ending over the new try's work
-                self._finish(j, status, error, code)
-            else:
+            if not lease.held():  # fenced: a worker that lost its lease writes no ending over the new try's work
                 log.warning("job %s: lease lost; leaving its end to the worker that has it now", job_id)
+            elif status == JobStatus.CANCELLED and self._closed.is_set() and not self.r.exists(cancel_key):
+                self._requeue(j)  # stopped because this process stops, not cancelled: another worker takes it
+            else:
+                self._finish(j, status, error, code)
 
         with lease:
             run_job(

@@ -3,6 +3,9 @@
 Each skill it stores is announced on the skill-event bus (the Redis stream every server reads). With
 `--metrics-port` it serves the training metrics (trainer.jobs.metrics) for Prometheus. It imports nothing of the
 server: the job runner is trainer.jobs.runner, the router is built by router.build.
+
+SIGTERM or SIGINT stops it cleanly: the job it trains stops at its next check and goes back to the front of the
+queue (redis_queue.py) within `--shutdown-timeout`, then it exits 0; a second signal exits at once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,13 @@ from skillpool.router.flags import add_router_flags, router_settings
 from skillpool.runtime.dtype import DTYPE_SETTING, DTYPES
 from skillpool.runtime.flags import byte_size
 from skillpool.runtime.process import setup_process
+from skillpool.runtime.processes import (
+    SHUTDOWN_TIMEOUT_S,
+    exit_now,
+    on_stop_signals,
+    shutdown_timeout,
+    stop_descendants,
+)
 from skillpool.runtime.threads import add_threads_argument
 
 from ..keys import DEFAULT_PREFIX
@@ -65,13 +75,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="serve the training metrics for Prometheus at http://HOST:PORT/metrics (0: off)",
     )
     p.add_argument("--metrics-host", default="0.0.0.0", help="the address --metrics-port binds")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=shutdown_timeout,
+        default=SHUTDOWN_TIMEOUT_S,
+        help="on SIGTERM or SIGINT: how long (seconds) the running job gets to stop and go back to the queue",
+    )
     add_threads_argument(p)
     add_router_flags(p)
     p.add_argument("--log-level", default="info")
 
 
 def run(args: argparse.Namespace) -> int:
-    import signal
     import threading
 
     from prometheus_client import CollectorRegistry, start_http_server
@@ -87,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from .runner import make_runner
 
     setup_process(args.threads, args.log_level)
+    on_stop_signals(exit_now)  # while it starts there is no job to give back: stop at once
     try:
         store = open_store(args.data_dir, args.adapter_store, args.adapter_cache_bytes)
     except StoreUnavailable as e:
@@ -123,13 +139,13 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    try:
-        done.wait()
-    except KeyboardInterrupt:
+    on_stop_signals(lambda _: done.set())
+    while not done.wait(1.0):  # a timed wait: the signal handler runs between two
         pass
-    queue.close()
+    print("skillpool worker: stopping; a running job goes back to the queue", file=sys.stderr, flush=True)
+    queue.close(args.shutdown_timeout)
     bus.close()
     if http is not None:
         http.shutdown()
+    stop_descendants(grace_s=3.0)
     return 0

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from skillpool.runtime.processes import die_with_parent_if_asked
+
 from .ops import vllm_add_lora_linear
 from .tables import Pairs, parse_mix, token_tables
 
@@ -118,7 +120,10 @@ def enabled() -> bool:
 
 
 def register() -> None:
-    """The `vllm.general_plugins` entry point: installs the hooks when asked for and supported, else one log line."""
+    """The `vllm.general_plugins` entry point: in a process the vllm engine had vLLM start (its engine core, their
+    workers) it first asks to end with its parent, even one SIGKILLed (runtime/processes.py); then it installs the
+    hooks when asked for and supported, else one log line."""
+    die_with_parent_if_asked()
     if not enabled():
         return
     cuda = _on_cuda()

@@ -35,6 +35,20 @@ def test_the_kuberay_manifests_flags_make_a_spec() -> None:
     assert int(workers["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) == 1
 
 
+def test_the_kuberay_pods_outlast_serves_own_drain_of_a_replica() -> None:
+    from skillpool.server.stopping import CLOSE_BUDGET_S
+
+    service = yaml.safe_load(MANIFEST.read_text())
+    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    spec, _ = parse_flags(app["args"]["flags"])
+    timeout = spec.cfg.http.shutdown_timeout_s
+    assert spec.engine_options()["graceful_shutdown_timeout_s"] == timeout
+    assert spec.ingress_options()["graceful_shutdown_timeout_s"] == timeout
+    cluster = service["spec"]["rayClusterConfig"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        assert group["template"]["spec"]["terminationGracePeriodSeconds"] >= timeout + CLOSE_BUDGET_S
+
+
 def test_flags_without_replicas_are_not_an_application() -> None:
     with pytest.raises(SystemExit, match="--replicas"):
         parse_flags("--engine hf")
