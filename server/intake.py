@@ -80,13 +80,27 @@ def config_values(values: object, f: Fields) -> dict[str, Any]:
     return values
 
 
-def train_config(values: object, f: Fields, param: Callable[[str], str] | None = None) -> TrainConfig:
-    """TrainConfig from the request's values; a bad one names `param(name)`, by default f.config + its name."""
+def train_config(
+    values: object, f: Fields, caller: Principal, param: Callable[[str], str] | None = None
+) -> TrainConfig:
+    """TrainConfig from the request's values; a bad one names `param(name)`, by default f.config + its name. A
+    value that loosens the quality gate needs the role that `force` needs (403 naming it, as `force` is)."""
+    where = param or (lambda name: f"{f.config}.{name}")
     try:
-        return TrainConfig.from_dict(config_values(values, f))
+        cfg = TrainConfig.from_dict(config_values(values, f))
     except ConfigError as e:
-        name = e.param.removeprefix("config.")
-        raise APIError(400, str(e), param(name) if param else f"{f.config}.{name}", f.config_code) from None
+        raise APIError(400, str(e), where(e.param.removeprefix("config.")), f.config_code) from None
+    loosened = cfg.gate_loosened()
+    if loosened and (why := denial(caller, "admin")) is not None:
+        status, _, code = why
+        field, default = where(loosened[0]), getattr(TrainConfig(), loosened[0])
+        raise APIError(
+            status,
+            f"{field} looser than the quality gate's default ({default}) needs a key with role admin, as {f.force} does",
+            field,
+            code,
+        )
+    return cfg
 
 
 def check_room(c: Components) -> None:

@@ -62,7 +62,7 @@ def _hyperparameters(req: FineTuningJobCreate) -> tuple[Hyperparameters, str]:
     return req.hyperparameters or Hyperparameters(), "hyperparameters"
 
 
-def openai_config(req: FineTuningJobCreate, extra: dict[str, Any]) -> TrainConfig:
+def openai_config(req: FineTuningJobCreate, extra: dict[str, Any], caller: Principal) -> TrainConfig:
     """TrainConfig from OpenAI's hyperparameters ("auto" or absent: our default) over metadata's config."""
     hp, where = _hyperparameters(req)
     values = dict(extra)
@@ -86,7 +86,7 @@ def openai_config(req: FineTuningJobCreate, extra: dict[str, Any]) -> TrainConfi
             return f"{where}.{ours[key]}"
         return "seed" if key == "seed" and req.seed is not None else f"{FINE_TUNING.config}.{key}"
 
-    return train_config(values, FINE_TUNING, param)
+    return train_config(values, FINE_TUNING, caller, param)
 
 
 def _settings(c: Components, metadata: dict[str, str], caller: Principal) -> tuple[str, bool, dict[str, Any]]:
@@ -131,7 +131,7 @@ def create_job(c: Components, req: FineTuningJobCreate, caller: Principal) -> tu
         )
     metadata = dict(req.metadata or {})
     method, force, extra = _settings(c, metadata, caller)
-    cfg = openai_config(req, extra)
+    cfg = openai_config(req, extra, caller)
     check_room(c)
     job_id = new_job_id()
     short = job_id[-8:]

@@ -76,7 +76,7 @@ class TaskServing:
             if isinstance(raw_cfg, str) and raw_cfg.strip()
             else {}
         )
-        cfg = train_config(cfg_obj, TASKS)
+        cfg = train_config(cfg_obj, TASKS, caller)
         data = await upload.read(c.cfg.max_upload_bytes + 1)
         if len(data) > c.cfg.max_upload_bytes:
             raise APIError(413, f"upload is larger than {c.cfg.max_upload_bytes} bytes", "file", "file_too_large")
