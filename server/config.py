@@ -216,7 +216,9 @@ class ServerConfig:
     )
     max_upload_examples: int = option(100_000, "a dataset with more examples than this is refused")
     min_upload_examples: int = option(10, "a dataset with fewer examples than this is refused")
-    max_pending_jobs: int = option(16, "uploads beyond this many queued jobs: 429")
+    max_pending_jobs: int = option(
+        16, "uploads beyond this many jobs not ended yet (validating, queued or running): 429"
+    )
     redis_url: str | None = option(
         None, "job queue and skill events in Redis (env SKILLPOOL_REDIS_URL)", env="SKILLPOOL_REDIS_URL"
     )
@@ -246,6 +248,13 @@ class ServerConfig:
         None, "with --replicas on CUDA: GPUs per engine replica (default 1; 0.25 puts four on one GPU)", parse=gpu_share
     )
     router: RouterSettings = field(default_factory=RouterSettings)  # flags: skillpool.router.flags
+    # limits and keys
+    max_pending_jobs_per_key: int | None = option(
+        None,
+        "uploads beyond this many jobs of one key not ended yet (validating, queued or running): 429, so one key "
+        "cannot fill the queue for everyone (callers without a key count as one; default: only --max-pending-jobs)",
+        parse=positive_int,
+    )
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:

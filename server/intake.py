@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from skillpool.trainer.config import ConfigError, TrainConfig
-from skillpool.trainer.service import Job, JobStatus, method_error, new_job_id
+from skillpool.trainer.service import Job, JobStatus, QueueFull, Room, method_error, new_job_id
 
 from .auth import Principal, denial
 from .errors import APIError
@@ -103,14 +103,24 @@ def train_config(
     return cfg
 
 
-def check_room(c: Components) -> None:
-    """The pending-jobs limit (the queue call may go to Redis: callers run it off the event loop)."""
-    if (pending := c.jobs.depth()) >= c.cfg.max_pending_jobs:
-        raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
+RETRY_JOBS_S = 30  # a full job queue's Retry-After: jobs take minutes, a place frees when one ends
+
+
+def room(c: Components) -> Room:
+    """The places the queue has for jobs that have not ended: --max-pending-jobs, of one key --max-pending-jobs-per-key."""
+    return Room(c.cfg.max_pending_jobs, c.cfg.max_pending_jobs_per_key)
+
+
+def too_many_jobs(e: QueueFull) -> APIError:
+    whose = "this key's share of the queue is full" if e.per_key else "the training queue is full"
+    return APIError(
+        429, f"{e}: {whose}; retry once a job has ended", None, "too_many_jobs", {"Retry-After": str(RETRY_JOBS_S)}
+    )
 
 
 def hold_name(c: Components, job: Job, f: Fields, new_version: bool, record: Callable[[], None]) -> None:
-    """Run `record` (queue or store the job) holding the job's skill name (trainer.jobs.reservations). Of two jobs
+    """Run `record` (queue or store the job, admitted to `room(c)`) holding the job's skill name
+    (trainer.jobs.reservations); a queue with no room for it is a 429 too_many_jobs. Of two jobs
     for one new name, one gets it and the other a 409 skill_exists; a new version while another job for that
     skill is queued or running is a 409 skill_busy. A job that cannot be recorded (a 507) frees the name."""
     if c.jobs.reserve(job) is not None:
@@ -127,6 +137,9 @@ def hold_name(c: Components, job: Job, f: Fields, new_version: bool, record: Cal
         )
     try:
         record()
+    except QueueFull as e:  # the queue admits the job, or not, in the step that records it
+        c.jobs.release(job)
+        raise too_many_jobs(e) from None
     except BaseException:
         c.jobs.release(job)
         raise

@@ -18,7 +18,7 @@ from skillpool.trainer.service import TERMINAL, Example, Job
 
 from ..auth import Principal, principal_of, require
 from ..errors import APIError, parse_json
-from ..intake import TASKS, JobRequest, check_force, check_method, check_room, hold_name, train_config
+from ..intake import TASKS, JobRequest, check_force, check_method, hold_name, room, train_config
 
 if TYPE_CHECKING:
     from ..components import Components
@@ -90,12 +90,11 @@ class TaskServing:
                 "invalid_dataset",
                 errors=[{"line": x.line, "field": x.field, "message": x.message} for x in e.errors],
             ) from None
-        # the queue calls go to a thread: a slow Redis must not stall the event loop (and every chat stream)
-        await asyncio.to_thread(check_room, c)
         job = JobRequest(name, method, force, cfg, caller.name, new_version, examples=len(examples)).job()
         job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
         if existing:
             job.log(f"Skill {name} exists: this job trains version {existing[-1].version + 1} or later")
+        # the queue calls go to a thread: a slow Redis must not stall the event loop (and every chat stream)
         await asyncio.to_thread(_reserve_and_submit, c, job, examples, cfg, new_version)
         return JSONResponse(job.to_dict(), status_code=202)
 
@@ -146,7 +145,7 @@ def _reserve_and_submit(c: Components, job: Job, examples: list[Example], cfg: T
         existing = c.store.versions(job.skill)  # the job that held the name until a moment ago may have stored it
         if existing and not new_version:
             raise _exists(job.skill, existing[-1].version)
-        c.jobs.submit(job, examples, cfg)
+        c.jobs.submit(job, examples, cfg, room(c))
 
     hold_name(c, job, TASKS, new_version, submit)
 
