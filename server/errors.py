@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import redis
@@ -12,6 +13,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from skillpool.adapters_store.diskio import StorageError
+from skillpool.adapters_store.objects import StoreUnavailable
+
+log = logging.getLogger(__name__)
+STORE_RETRY_S = 5  # a store that is down: when a caller should try again
 
 _TYPES = {
     400: "invalid_request_error",
@@ -94,6 +99,19 @@ def error_response(err: APIError) -> JSONResponse:
     )
 
 
+def store_unavailable(detail: object, param: str | None = None) -> APIError:
+    """The adapter store is down: callers get the code and a plain message; which store, where and which object
+    (its endpoint, bucket and keys are the operator's business) go to the log."""
+    log.warning("adapter store unavailable: %s", detail)
+    return APIError(
+        503,
+        "the adapter store cannot be reached; retry later",
+        param,
+        "adapter_store_unavailable",
+        {"Retry-After": str(STORE_RETRY_S)},
+    )
+
+
 def install_handlers(app: Any) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -127,6 +145,10 @@ def install_handlers(app: Any) -> None:
         why = "no space left on device" if exc.full else f"the data dir could not be written ({exc.strerror})"
         body = envelope(507, f"{why}: nothing was stored; retry later", None, "insufficient_storage")
         return JSONResponse(body, status_code=507)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return error_response(store_unavailable(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

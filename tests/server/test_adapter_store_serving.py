@@ -1,8 +1,8 @@
 """A server whose skills live in an S3 bucket (moto's server on 127.0.0.1): a skill another store published is
-served from an empty disk cache, and when the store goes away only the requests that need a cold skill fail, with
-503 in OpenAI's envelope; the base model and the skills the engine holds go on, whatever the cold requests, even
-with no room for another skill (a cold skill is read before a resident one leaves). `skillpool serve` with a store
-it cannot reach stops at once, saying so."""
+served from an empty disk cache, and when the store goes away only the requests that need it fail, with 503 in
+OpenAI's envelope that names no store, endpoint or object; the base model and the skills the engine holds go on,
+whatever the cold requests, even with no room for another skill (a cold skill is read before a resident one
+leaves). `skillpool serve` with a store it cannot reach stops at once, saying so."""
 
 from __future__ import annotations
 
@@ -61,8 +61,24 @@ def test_a_published_skill_is_served_and_a_store_outage_fails_only_cold_skills(
                     assert cold.status_code == 503, cold.text  # type: ignore[attr-defined]
                     error = cold.json()["error"]  # type: ignore[attr-defined]
                     assert error["code"] == "adapter_store_unavailable" and error["param"] == "model"
-                    assert error["type"] == "service_unavailable_error" and url in error["message"]
+                    assert error["type"] == "service_unavailable_error"
                     assert cold.headers["retry-after"] == "5"  # type: ignore[attr-defined]
+                    # what else needs the store: the same 503, and none tells the caller where the store is
+                    for method, path, kw in [
+                        ("GET", "/v1/models/cold", {}),
+                        ("POST", "/v1/models/cold/rollback", {"json": {}}),
+                        ("POST", "/tasks", {"data": {"name": "cold"}, "files": {"file": ("a.jsonl", b"{}")}}),
+                        (
+                            "POST",
+                            "/v1/chat/completions",
+                            {"json": {"model": "cold", "messages": [{"role": "user", "content": "x"}]}},
+                        ),
+                    ]:
+                        r = http.request(method, path, **kw)
+                        assert r.status_code == 503 and r.json()["error"]["code"] == "adapter_store_unavailable", r.text
+                        assert r.headers["retry-after"] == "5"
+                        for secret in (url, "skills-serving", moto.url, str(moto.port), "skills/", "meta.json"):
+                            assert secret not in r.text, (path, secret, r.text)
                     assert chat(http, "base").status_code == 200  # type: ignore[attr-defined]
                     assert chat(http, "warm").status_code == 200  # type: ignore[attr-defined]  # the engine holds it
                     assert http.get("/healthz").status_code == 200
