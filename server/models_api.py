@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, StrictInt
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
-from skillpool.adapters_store.store import SkillRecord
+from skillpool.adapters_store.store import SkillRecord, UnreadableVersion
 from skillpool.trainer.events import SkillActivated, SkillRetired
 
 from .auth import require
@@ -141,6 +141,8 @@ async def rollback_model(request: Request, model_id: str, body: Rollback | None 
         rec = c.store.activate(name, version)
     except KeyError:
         raise APIError(404, f"'{model_id}' has no version {version}", "version", "version_not_found") from None
+    except UnreadableVersion as e:  # a damaged record: the version stays stored, and never serves
+        raise APIError(409, f"{e}: roll back to another version", "version", "version_unreadable") from None
     c.pool.register(rec)
     await asyncio.to_thread(c.bus.publish, SkillActivated(name, rec.version))
     return {**_skill_object(c, rec), **_versions(c, name)}
