@@ -249,6 +249,20 @@ class ServerConfig:
     )
     router: RouterSettings = field(default_factory=RouterSettings)  # flags: skillpool.router.flags
     # limits and keys
+    metrics_api_key: str | None = option(
+        None,
+        "a bearer token with role metrics, named metrics: GET /metrics and nothing more, for a scraper "
+        "(env SKILLPOOL_METRICS_KEY)",
+        env="SKILLPOOL_METRICS_KEY",
+    )
+    # limits and keys
+    metrics_need_key: bool = option(
+        True,
+        "with API keys, let anyone who reaches the port read /metrics (skill names, the job in training, routing "
+        "counts). Default: it needs a key with role metrics or admin",
+        negate="--open-metrics",
+    )
+    # limits and keys
     max_pending_jobs_per_key: int | None = option(
         None,
         "uploads beyond this many jobs of one key not ended yet (validating, queued or running): 429, so one key "
