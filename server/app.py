@@ -17,6 +17,7 @@ from .errors import install_handlers
 from .finetune import files_api, jobs_api
 from .limits import BodyLimit
 from .middleware import AuthAndCount
+from .redirects import install_slash_redirects
 from .tasks import api_router as tasks_api
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     exposed = not keys.keys and c.cfg.host not in ("127.0.0.1", "localhost", "::1")  # anyone on the network may train
     log.log(logging.WARNING if exposed else logging.INFO, "%s", keys.summary())
     install_handlers(app)
+    install_slash_redirects(app)  # /console/ -> /console, relative: never to the Host a request names
     install_admin(app, c.router, c.metrics)
     install_console(app)  # the web page at /console, over the APIs below
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
