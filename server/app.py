@@ -18,6 +18,7 @@ from .finetune import files_api, jobs_api
 from .limits import BodyLimit
 from .middleware import AuthAndCount
 from .redirects import install_slash_redirects
+from .request_text import RequestText
 from .tasks import api_router as tasks_api
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     install_slash_redirects(app)  # /console/ -> /console, relative: never to the Host a request names
     install_admin(app, c.router, c.metrics)
     install_console(app)  # the web page at /console, over the APIs below
+    app.add_middleware(RequestText)  # inside the body limit: what it reads is bounded, and the caller known
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 

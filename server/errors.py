@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from skillpool.adapters_store.diskio import StorageError
 from skillpool.adapters_store.objects import StoreUnavailable
+from skillpool.trainer.datasets import NOT_TEXT, unencodable
 
 log = logging.getLogger(__name__)
 STORE_RETRY_S = 5  # a store that is down: when a caller should try again
@@ -61,10 +62,14 @@ def parse_json(
     constants: bool = False,
 ) -> Any:
     """JSON from a client: malformed text, nesting deeper than the parser's recursion limit, integers past
-    Python's digit limit and (unless `constants`: the caller checks each number and names its field) NaN and
-    Infinity are a 400 naming `param`, never a 500."""
+    Python's digit limit, a string that is not text (a lone surrogate: 400 invalid_encoding naming its field) and
+    (unless `constants`: the caller checks each number and names its field) NaN and Infinity are a 400 naming
+    `param`, never a 500."""
     try:
-        return json.loads(raw) if constants else json.loads(raw, parse_constant=_no_constant)
+        value = json.loads(raw) if constants else json.loads(raw, parse_constant=_no_constant)
+        if (where := unencodable(value, param or "")) is not None:
+            raise APIError(400, f"{where or what}: {NOT_TEXT}", where or None, "invalid_encoding")
+        return value
     except json.JSONDecodeError as e:
         raise APIError(
             400, f"{what} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})", param, code
