@@ -59,7 +59,19 @@ _STAGE_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _VERSION = re.compile(r"^v(\d+)$")
 _ADAPTER = (PEFT_CONFIG, PEFT_WEIGHTS)
 T = TypeVar("T")
-__all__ = ["DEFAULT_CACHE_BYTES", "SkillDraft", "SkillRecord", "SkillStore", "StoreUnavailable", "open_store"]
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "SkillDraft",
+    "SkillRecord",
+    "SkillStore",
+    "StoreUnavailable",
+    "UnreadableVersion",
+    "open_store",
+]
+
+
+class UnreadableVersion(LookupError):
+    """A version whose record (meta.json) cannot be read: it is skipped, never served, and cannot be rolled back to."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +197,7 @@ class SkillStore:
         )
         self.tiers = TierCounts()
         self._meta: dict[tuple[str, int], dict[str, Any]] = {}  # a remote version's meta.json: it never changes
+        self._unreadable: set[tuple[str, int]] = set()  # versions whose meta.json was found damaged (warned once)
         self._lock = threading.Lock()
 
     @property
@@ -200,12 +213,16 @@ class SkillStore:
         """Drop leftovers of writes and scratch folders whose owner is gone (never visible as skills), versions
         without meta.json whose writer is gone (a folder's appear whole, by rename, so one without it is debris; an
         object store's are claimed while they upload) and skill folders left empty. A live owner's entries stay: the
-        data dir and the store may be shared."""
+        data dir and the store may be shared. A version whose meta.json cannot be read is left alone, with a warning
+        (it is skipped until its record is mended)."""
         sweep(self.tmp_dir, everything=True)
         for name, versions in sorted(_tree(self.objects.list("skills/")).items()):
             for version, files in sorted(versions.items()):
                 prefix = _prefix(name, version)
-                if META in files or (CLAIM in files and not self.objects.stale_claim(prefix)):
+                if META in files:
+                    self._record(name, version)  # warns if it cannot be read
+                    continue
+                if CLAIM in files and not self.objects.stale_claim(prefix):
                     continue
                 log.warning("removing %s: a version without %s", prefix, META)
                 for f in sorted(files, key=lambda f: f == CLAIM):  # the claim last: it says what is unfinished
@@ -266,14 +283,17 @@ class SkillStore:
         return rec
 
     def activate(self, name: str, version: int | None = None) -> SkillRecord:
-        """Serve `name` again (un-retire), at `version` (pinned) or, with None, at its newest version."""
+        """Serve `name` again (un-retire), at `version` (pinned) or, with None, at its newest readable version.
+        KeyError: no such version; UnreadableVersion: its record cannot be read (nothing changes)."""
         versions = self._versions(validate_skill_name(name))
         if not versions or (version is not None and version not in versions):
             raise KeyError(f"{name} v{version}" if version is not None else name)
+        rec = self._newest(name, versions) if version is None else self._record(name, version)
+        if rec is None:
+            what = f"version {version}" if version is not None else "every version"
+            raise UnreadableVersion(f"{what} of {name!r} has a {META} that cannot be read")
         with self._lock:
             self._set_state(name, False, version)
-        rec = self.get(name, version if version is not None else versions[-1])
-        assert rec is not None
         return rec
 
     def versions(self, name: str) -> list[SkillRecord]:
@@ -288,7 +308,11 @@ class SkillStore:
         if state["retired"] or not versions:
             return None
         pinned = state["pinned"]
-        return (self._record(name, int(pinned)) if pinned in versions else None) or self._record(name, versions[-1])
+        return (self._record(name, int(pinned)) if pinned in versions else None) or self._newest(name, versions)
+
+    def _newest(self, name: str, versions: list[int]) -> SkillRecord | None:
+        """The newest of these versions whose record can be read."""
+        return next((rec for v in reversed(versions) if (rec := self._record(name, v)) is not None), None)
 
     def _versions(self, name: str) -> list[int]:
         """The complete versions (those with their marker, meta.json), oldest first."""
@@ -332,8 +356,9 @@ class SkillStore:
         versions = self._versions(name)
         if not versions:
             return None
-        v = versions[-1] if version is None else version
-        return self._record(name, v) if v in versions else None
+        if version is None:
+            return self._newest(name, versions)
+        return self._record(name, version) if version in versions else None
 
     def _record(self, name: str, version: int, meta: dict[str, Any] | None = None) -> SkillRecord | None:
         prefix = _prefix(name, version)
@@ -342,11 +367,32 @@ class SkillStore:
             raw = self.objects.get(f"{prefix}/{META}")
             if raw is None:
                 return None
-            meta = json.loads(raw)
+            meta = self._parse_meta(name, version, raw)
+            if meta is None:
+                return None
         if self.cache is not None:
             self._meta[(name, version)] = meta
         folder = self.objects.folder(prefix) or (self.cache.root / prefix if self.cache is not None else Path(prefix))
         return SkillRecord(name, version, folder, meta, VersionFiles(prefix, self.objects, self.cache, self.tiers))
+
+    def _parse_meta(self, name: str, version: int, raw: bytes) -> dict[str, Any] | None:
+        """A version's record, or None when it cannot be read (truncated, not JSON, not an object): the version is
+        skipped, with a warning the first time, as one without a record is."""
+        try:
+            meta = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            meta, why = None, f"{type(e).__name__}: {e}"
+        else:
+            why = f"a JSON {type(meta).__name__}, not an object"
+        if isinstance(meta, dict):
+            self._unreadable.discard((name, version))
+            return meta
+        if (name, version) not in self._unreadable:
+            self._unreadable.add((name, version))
+            log.warning(
+                "skipping %s in %s: its %s cannot be read (%s)", _prefix(name, version), self.location, META, why
+            )
+        return None
 
     def list_latest(self) -> list[SkillRecord]:
         """The serving version (newest unless pinned by a rollback) of every skill that is not retired, by name."""

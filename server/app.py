@@ -20,6 +20,8 @@ from .finetune import files_api, jobs_api
 from .imports import api_router as imports_api
 from .limits import BodyLimit
 from .middleware import AuthAndCount
+from .redirects import install_slash_redirects
+from .request_text import RequestText
 from .tasks import api_router as tasks_api
 
 log = logging.getLogger(__name__)
@@ -37,10 +39,12 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     )  # anyone on the network may train
     log.log(logging.WARNING if exposed else logging.INFO, "%s", keys.summary())
     install_handlers(app)
+    install_slash_redirects(app)  # /console/ -> /console, relative: never to the Host a request names
     install_admin(app, c.router, c.metrics)
     install_console(app)  # the web page at /console, over the APIs below
     app.state.drain = drain = Drain()  # the requests in flight, and the drain a stop begins (server/stopping.py)
     app.add_middleware(DrainGate, drain=drain)
+    app.add_middleware(RequestText)  # inside the body limit: what it reads is bounded, and the caller known
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.http.max_upload_bytes, request_bytes=c.cfg.http.max_request_bytes)
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
 

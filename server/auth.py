@@ -1,12 +1,14 @@
 """API keys, roles and who is calling.
 
 Keys come from `--api-keys-file` (one `NAME ROLE KEY` a line) and the shorthands `--api-key` (a `chat`
-key named "api-key") and `--admin-api-key` (an `admin` key named "admin"). Roles, each with what the
-one before it may do:
+key named "api-key"), `--admin-api-key` (an `admin` key named "admin") and `--metrics-api-key` (a `metrics` key
+named "metrics"). Roles, each with what the one before it may do:
   chat  — chat completions, the models, the pool's routing views, and its own files and jobs, read-only;
   train — also uploads files, creates and cancels its own jobs, creates skills and new versions of the
           skills it created;
   admin — everything: force, retire, rollback, every file and job, and the fallback clusters (request text).
+Beside them, `metrics` is a scraper's: GET /metrics (skill names, the job in training, routing counts) and
+nothing a caller without a key may not do; with keys, /metrics needs it or admin unless `--open-metrics`.
 With no key at all the server is single-tenant and everyone may do everything. With keys but none of role
 chat or train, callers without a key may chat and read the models (and nothing else).
 
@@ -33,11 +35,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Role = Literal["anonymous", "chat", "train", "admin"]
-ROLES: tuple[Role, ...] = ("chat", "train", "admin")  # what a key may have; "anonymous" is no key
-_RANK: dict[str, int] = {"anonymous": 0, "chat": 1, "train": 2, "admin": 3}
+Role = Literal["anonymous", "metrics", "chat", "train", "admin"]
+ROLES: tuple[Role, ...] = ("chat", "train", "admin", "metrics")  # what a key may have; "anonymous" is no key
+_RANK: dict[str, int] = {"anonymous": 0, "metrics": 0, "chat": 1, "train": 2, "admin": 3}
+METRICS = "/metrics"
+API_KEY_NAME, ADMIN_KEY_NAME, METRICS_KEY_NAME = "api-key", "admin", "metrics"  # the shorthand flags' keys' names
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
-API_KEY_NAME, ADMIN_KEY_NAME = "api-key", "admin"  # the names the shorthand flags' keys go by
 _READS = ("GET", "HEAD", "OPTIONS")
 _OWNED = ("/v1/files", "/v1/fine_tuning", "/tasks")  # records that belong to a key
 _OPEN_WRITES = ("/v1/chat/completions",)  # the only write a chat key (or, when open, no key) may make
@@ -54,6 +57,8 @@ class Principal:
     role: Role
 
     def can(self, role: Role) -> bool:
+        if role == "metrics":  # the scraper's role, beside the others: only it and the admin read /metrics
+            return self.role in ("metrics", "admin")
         return _RANK[self.role] >= _RANK[role]
 
     def sees(self, owner: str | None) -> bool:
@@ -109,16 +114,32 @@ def _check_unique(keys: list[ApiKey], source: str) -> None:
 class KeyRing:
     """The keys in force. `reload()` re-reads the keys file (SIGHUP); a bad file keeps the keys in use."""
 
-    def __init__(self, api_key: str | None = None, admin_key: str | None = None, path: Path | None = None) -> None:
-        self.path = path
+    def __init__(
+        self,
+        api_key: str | None = None,
+        admin_key: str | None = None,
+        path: Path | None = None,
+        metrics_key: str | None = None,
+        open_metrics: bool = False,
+    ) -> None:
+        """`open_metrics`: /metrics answers without a key even when there are keys (`--open-metrics`)."""
+        self.path, self.open_metrics = path, open_metrics
         self._flags = [ApiKey(API_KEY_NAME, "chat", api_key.encode())] if api_key else []
         if admin_key:
             self._flags.append(ApiKey(ADMIN_KEY_NAME, "admin", admin_key.encode()))
+        if metrics_key:
+            self._flags.append(ApiKey(METRICS_KEY_NAME, "metrics", metrics_key.encode()))
         self.keys: tuple[ApiKey, ...] = self._load()
 
     @classmethod
     def from_config(cls, cfg: ServerConfig) -> KeyRing:
-        return cls(cfg.http.api_key, cfg.http.admin_key, cfg.http.api_keys_file)
+        return cls(
+            cfg.http.api_key,
+            cfg.http.admin_key,
+            cfg.http.api_keys_file,
+            cfg.http.metrics_api_key,
+            not cfg.http.metrics_need_key,
+        )
 
     def _load(self) -> tuple[ApiKey, ...]:
         from_file: list[ApiKey] = []
@@ -129,7 +150,7 @@ class KeyRing:
                 raise KeyFileError(f"cannot read the keys file {self.path}: {e}") from None
             from_file = parse_keys(text, str(self.path))
         keys = self._flags + from_file
-        _check_unique(keys, f"{self.path or 'keys'} with --api-key/--admin-api-key")
+        _check_unique(keys, f"{self.path or 'keys'} with --api-key/--admin-api-key/--metrics-api-key")
         return tuple(keys)
 
     def reload(self) -> bool:
@@ -154,7 +175,7 @@ class KeyRing:
     @property
     def anonymous_chat(self) -> bool:
         """Whether callers without a key may chat: keys exist, none of them for chat or training."""
-        return not any(k.role != "admin" for k in self.keys)
+        return not any(k.role in ("chat", "train") for k in self.keys)
 
     def principal(self, authorization: bytes) -> Principal | None:
         """The caller an Authorization header names; None for a key that is not ours (a 401)."""
@@ -189,12 +210,21 @@ class KeyRing:
             (False, False): "no key may upload or train (add a train or admin key)",
         }[(bool(count["train"]), bool(count["admin"]))]
         admin = "need the admin key" if count["admin"] else "are closed (no admin key)"
-        return f"auth: keys: {have}; {reads}; {writes}; force, retire, rollback and fallback clusters {admin}"
+        metrics = (
+            "/metrics is open to anyone (--open-metrics)"
+            if self.open_metrics
+            else "/metrics needs a metrics or admin key"
+        )
+        return (
+            f"auth: keys: {have}; {reads}; {writes}; force, retire, rollback and fallback clusters {admin}; {metrics}"
+        )
 
 
 def required_role(method: str, path: str) -> Role:
     """The least role a request needs, by method and path (handlers then check ownership and `force`).
     Any write not listed needs the admin: a new endpoint is closed until it is given a role here."""
+    if path == METRICS:
+        return "metrics"
     if path.startswith("/v1/skillpool") and not (method in _READS and path in _POOL_READS):
         return "admin"  # fallback clusters show the text of other callers' requests
     if method in _READS:
@@ -212,9 +242,10 @@ def denial(principal: Principal | None, need: Role) -> tuple[int, str, str] | No
         return 401, "invalid API key", "invalid_api_key"
     if principal.can(need):
         return None
+    roles = "role metrics or admin" if need == "metrics" else f"role {need} or above"
     if principal.role == "anonymous":
-        return 401, f"missing API key: this needs a key with role {need} or above", "invalid_api_key"
-    msg = f"this needs a key with role {need} or above; the key {principal.name!r} has role {principal.role}"
+        return 401, f"missing API key: this needs a key with {roles}", "invalid_api_key"
+    msg = f"this needs a key with {roles}; the key {principal.name!r} has role {principal.role}"
     return 403, msg, "permission_denied"
 
 

@@ -156,7 +156,15 @@ class TrainingConfig:
         None, "job queue and skill events in Redis (env SKILLPOOL_REDIS_URL)", env="SKILLPOOL_REDIS_URL"
     )
     redis_prefix: str = option(DEFAULT_PREFIX, "prefix of this server's Redis keys")
-    max_pending_jobs: int = option(16, "uploads beyond this many queued jobs: 429")
+    max_pending_jobs: int = option(
+        16, "uploads beyond this many jobs not ended yet (validating, queued or running): 429"
+    )
+    max_pending_jobs_per_key: int | None = option(
+        None,
+        "uploads beyond this many jobs of one key not ended yet (validating, queued or running): 429, so one key "
+        "cannot fill the queue for everyone (callers without a key count as one; default: only --max-pending-jobs)",
+        parse=positive_int,
+    )
     max_upload_examples: int = option(100_000, "a dataset with more examples than this is refused")
     min_upload_examples: int = option(10, "a dataset with fewer examples than this is refused")
 
@@ -206,6 +214,18 @@ class HttpConfig:
         "Kubernetes' default 30 s grace period (docs/operations.md)",
         "--shutdown-timeout",
         parse=number(float, lo=0),
+    )
+    metrics_api_key: str | None = option(
+        None,
+        "a bearer token with role metrics, named metrics: GET /metrics and nothing more, for a scraper "
+        "(env SKILLPOOL_METRICS_KEY)",
+        env="SKILLPOOL_METRICS_KEY",
+    )
+    metrics_need_key: bool = option(
+        True,
+        "with API keys, let anyone who reaches the port read /metrics (skill names, the job in training, routing "
+        "counts). Default: it needs a key with role metrics or admin",
+        negate="--open-metrics",
     )
 
 

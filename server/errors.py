@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import redis
@@ -12,6 +13,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from skillpool.adapters_store.diskio import StorageError
+from skillpool.adapters_store.objects import StoreUnavailable
+from skillpool.trainer.datasets import NOT_TEXT, unencodable
+
+log = logging.getLogger(__name__)
+STORE_RETRY_S = 5  # a store that is down: when a caller should try again
 
 _TYPES = {
     400: "invalid_request_error",
@@ -56,10 +62,14 @@ def parse_json(
     constants: bool = False,
 ) -> Any:
     """JSON from a client: malformed text, nesting deeper than the parser's recursion limit, integers past
-    Python's digit limit and (unless `constants`: the caller checks each number and names its field) NaN and
-    Infinity are a 400 naming `param`, never a 500."""
+    Python's digit limit, a string that is not text (a lone surrogate: 400 invalid_encoding naming its field) and
+    (unless `constants`: the caller checks each number and names its field) NaN and Infinity are a 400 naming
+    `param`, never a 500."""
     try:
-        return json.loads(raw) if constants else json.loads(raw, parse_constant=_no_constant)
+        value = json.loads(raw) if constants else json.loads(raw, parse_constant=_no_constant)
+        if (where := unencodable(value, param or "")) is not None:
+            raise APIError(400, f"{where or what}: {NOT_TEXT}", where or None, "invalid_encoding")
+        return value
     except json.JSONDecodeError as e:
         raise APIError(
             400, f"{what} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})", param, code
@@ -91,6 +101,19 @@ def envelope(
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(
         envelope(err.status, err.message, err.param, err.code, **err.extra), status_code=err.status, headers=err.headers
+    )
+
+
+def store_unavailable(detail: object, param: str | None = None) -> APIError:
+    """The adapter store is down: callers get the code and a plain message; which store, where and which object
+    (its endpoint, bucket and keys are the operator's business) go to the log."""
+    log.warning("adapter store unavailable: %s", detail)
+    return APIError(
+        503,
+        "the adapter store cannot be reached; retry later",
+        param,
+        "adapter_store_unavailable",
+        {"Retry-After": str(STORE_RETRY_S)},
     )
 
 
@@ -127,6 +150,10 @@ def install_handlers(app: Any) -> None:
         why = "no space left on device" if exc.full else f"the data dir could not be written ({exc.strerror})"
         body = envelope(507, f"{why}: nothing was stored; retry later", None, "insufficient_storage")
         return JSONResponse(body, status_code=507)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        return error_response(store_unavailable(exc))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
 from skillpool.trainer.config import ConfigError, TrainConfig
-from skillpool.trainer.service import TERMINAL, Job, JobStatus, method_error, new_job_id
+from skillpool.trainer.service import TERMINAL, Job, JobStatus, QueueFull, Room, method_error, new_job_id
 
 from .auth import Principal, denial
 from .errors import APIError
@@ -140,23 +140,47 @@ def config_values(values: object, f: Fields) -> dict[str, Any]:
     return values
 
 
-def train_config(values: object, f: Fields, param: Callable[[str], str] | None = None) -> TrainConfig:
-    """TrainConfig from the request's values; a bad one names `param(name)`, by default f.config + its name."""
+def train_config(
+    values: object, f: Fields, caller: Principal, param: Callable[[str], str] | None = None
+) -> TrainConfig:
+    """TrainConfig from the request's values; a bad one names `param(name)`, by default f.config + its name. A
+    value that loosens the quality gate needs the role that `force` needs (403 naming it, as `force` is)."""
+    where = param or (lambda name: f"{f.config}.{name}")
     try:
-        return TrainConfig.from_dict(config_values(values, f))
+        cfg = TrainConfig.from_dict(config_values(values, f))
     except ConfigError as e:
-        name = e.param.removeprefix("config.")
-        raise APIError(400, str(e), param(name) if param else f"{f.config}.{name}", f.config_code) from None
+        raise APIError(400, str(e), where(e.param.removeprefix("config.")), f.config_code) from None
+    loosened = cfg.gate_loosened()
+    if loosened and (why := denial(caller, "admin")) is not None:
+        status, _, code = why
+        field, default = where(loosened[0]), getattr(TrainConfig(), loosened[0])
+        raise APIError(
+            status,
+            f"{field} looser than the quality gate's default ({default}) needs a key with role admin, as {f.force} does",
+            field,
+            code,
+        )
+    return cfg
 
 
-def check_room(c: Components) -> None:
-    """The pending-jobs limit (the queue call may go to Redis: callers run it off the event loop)."""
-    if (pending := c.jobs.depth()) >= c.cfg.training.max_pending_jobs:
-        raise APIError(429, f"{pending} training jobs are already pending; retry later", None, "too_many_jobs")
+RETRY_JOBS_S = 30  # a full job queue's Retry-After: jobs take minutes, a place frees when one ends
+
+
+def room(c: Components) -> Room:
+    """The places the queue has for jobs that have not ended: --max-pending-jobs, of one key --max-pending-jobs-per-key."""
+    return Room(c.cfg.training.max_pending_jobs, c.cfg.training.max_pending_jobs_per_key)
+
+
+def too_many_jobs(e: QueueFull) -> APIError:
+    whose = "this key's share of the queue is full" if e.per_key else "the training queue is full"
+    return APIError(
+        429, f"{e}: {whose}; retry once a job has ended", None, "too_many_jobs", {"Retry-After": str(RETRY_JOBS_S)}
+    )
 
 
 def hold_name(c: Components, job: Job, f: Fields, new_version: bool, record: Callable[[], None]) -> None:
-    """Run `record` (queue or store the job) holding the job's skill name (trainer.jobs.reservations). Of two jobs
+    """Run `record` (queue or store the job, admitted to `room(c)`) holding the job's skill name
+    (trainer.jobs.reservations); a queue with no room for it is a 429 too_many_jobs. Of two jobs
     for one new name, one gets it and the other a 409 skill_exists; a new version while another job for that
     skill is queued or running is a 409 skill_busy. A job that cannot be recorded (a 507) frees the name."""
     if c.jobs.reserve(job) is not None:
@@ -173,6 +197,9 @@ def hold_name(c: Components, job: Job, f: Fields, new_version: bool, record: Cal
         )
     try:
         record()
+    except QueueFull as e:  # the queue admits the job, or not, in the step that records it
+        c.jobs.release(job)
+        raise too_many_jobs(e) from None
     except BaseException:
         c.jobs.release(job)
         raise

@@ -15,7 +15,7 @@ from typing import Any
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .auth import KeyRing, denial, required_role
+from .auth import METRICS, KeyRing, denial, required_role
 from .errors import envelope
 from .metrics import Metrics
 
@@ -51,6 +51,12 @@ class AuthAndCount:
             return
         path, t0 = str(scope["path"]), time.perf_counter()
         if path in _UNCOUNTED:
+            if path == METRICS and not self.keys.open_metrics:  # the pool's names, the job in training, routing
+                principal = self.keys.principal(dict(scope["headers"]).get(b"authorization", b""))
+                if (why := denial(principal, required_role(str(scope["method"]), path))) is not None:
+                    status, msg, code = why
+                    await send_json(send, status, envelope(status, msg, None, code))
+                    return
             await self.app(scope, receive, send)
             return
         if path.startswith(_GUARDED):

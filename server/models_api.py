@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, StrictInt
 
 from skillpool.adapters_store.names import InvalidSkillName, validate_skill_name
-from skillpool.adapters_store.store import SkillRecord
+from skillpool.adapters_store.store import SkillRecord, UnreadableVersion
 from skillpool.lora.peft_archive import ADAPTER_FILES, pack_tar
 from skillpool.lora.peft_checks import MAX_RANK, check_peft_files
 from skillpool.runtime.base_model import linear_shapes
@@ -184,6 +184,8 @@ async def rollback_model(request: Request, model_id: str, body: Rollback | None 
         rec = c.store.activate(name, version)
     except KeyError:
         raise APIError(404, f"'{model_id}' has no version {version}", "version", "version_not_found") from None
+    except UnreadableVersion as e:  # a damaged record: the version stays stored, and never serves
+        raise APIError(409, f"{e}: roll back to another version", "version", "version_unreadable") from None
     c.pool.register(rec)
     await asyncio.to_thread(c.bus.publish, SkillActivated(name, rec.version))
     return {**_skill_object(c, rec), **_versions(c, name)}

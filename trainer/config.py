@@ -24,6 +24,18 @@ MAX_VARIANT_COPIES = 4
 ADDED_SINCE: dict[str, Any] = {"prompt_variant_copies": 1, "dtype": "float32"}
 
 
+# the quality gate's settings, each with the way it loosens the gate (+1: a higher value, -1: a lower one). A looser
+# value than the default lets through a skill the gate would stop (quality_max_drop guards earlier skills, other
+# users' too; eval_fraction 0 holds no row out and skips the held-out check), so it takes the role `force` takes
+GATE_FIELDS: dict[str, int] = {
+    "quality_min_gain": -1,
+    "quality_z": -1,
+    "quality_max_drop": +1,
+    "eval_fraction": -1,
+    "max_eval_examples": -1,
+}
+
+
 def as_recorded_now(raw: Any) -> Any:
     """A config dict recorded by an earlier run, with the fields added since filled as it trained."""
     return {**ADDED_SINCE, **raw} if isinstance(raw, dict) else raw
@@ -185,3 +197,8 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def gate_loosened(self) -> list[str]:
+        """The quality gate's fields (GATE_FIELDS) set looser than their defaults, in GATE_FIELDS' order."""
+        default = TrainConfig()
+        return [n for n, way in GATE_FIELDS.items() if (getattr(self, n) - getattr(default, n)) * way > 0]

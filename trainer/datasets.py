@@ -21,7 +21,7 @@ from skillpool.router.texts import route_text
 
 from .records import Example
 
-__all__ = ["DatasetError", "Example", "LineError", "parse_jsonl", "route_text"]
+__all__ = ["DatasetError", "Example", "LineError", "parse_jsonl", "route_text", "unencodable"]
 
 ROLES = frozenset({"system", "developer", "user", "assistant"})
 MAX_REPORTED_ERRORS = 50
@@ -46,6 +46,38 @@ class DatasetError(ValueError):
         shown = "; ".join(str(e) for e in errors[:10])
         more = f" (and {self.total_errors - 10} more)" if self.total_errors > 10 else ""
         super().__init__(f"invalid dataset: {self.total_errors} bad line(s): {shown}{more}")
+
+
+NOT_TEXT = "not valid UTF-8 text (a lone surrogate such as \\ud800, or bytes that are not UTF-8)"
+
+
+def unencodable(value: Any, path: str = "") -> str | None:
+    """Where the first string of a JSON value (a key or a value) that UTF-8 cannot encode is, or None when every
+    one is text. A lone surrogate (JSON's `"\\ud800"`) is valid JSON but no text: a tokenizer or a response raises
+    on it. The place is a path below `path`, `messages[0].content`; a key names the object that holds it."""
+    todo: list[tuple[Any, str]] = [(value, path)]  # a stack, not recursion: JSON may nest as deep as its parser allows
+    while todo:
+        item, path = todo.pop()
+        if isinstance(item, str):
+            if not _text(item):
+                return path
+        elif isinstance(item, dict):
+            if not all(_text(k) for k in item):
+                return path
+            todo.extend((v, f"{path}.{k}" if path else k) for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            todo.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def _text(s: str) -> bool:
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _from_messages(obj: dict[str, Any], line: int, errs: list[LineError], optional: bool) -> Example | None:
@@ -132,6 +164,9 @@ def parse_jsonl(
             continue
         if not isinstance(obj, dict):
             errs.append(LineError(n, "", "must be a JSON object"))
+            continue
+        if (where := unencodable(obj)) is not None:
+            errs.append(LineError(n, where, NOT_TEXT))
             continue
         if "messages" in obj:
             ex = _from_messages(obj, n, errs, answers_optional)

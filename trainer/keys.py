@@ -43,4 +43,5 @@ class RedisKeys:
     jobs = _Key()  # sorted set of job ids by creation time
     queue = _Key()  # list of queued job ids (FIFO)
     processing = _Key()  # list of job ids a worker has claimed; one whose lease has expired goes back to the queue
+    pending = _Key()  # hash: job id -> its owner ("" without a key), for every admitted job until it ends
     events = _Key()  # stream of skill events; each server reads it from the last id it saw, so a reconnect loses none

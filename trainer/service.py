@@ -14,7 +14,7 @@ from skillpool.adapters_store.store import SkillRecord
 
 from .bus import LocalEventBus, RedisEventBus, SkillEventBus, announcer, make_event_bus
 from .jobs.failures import describe
-from .jobs.job import Job, JobQueue, Runner, new_job_id
+from .jobs.job import Job, JobQueue, QueueFull, Room, Runner, new_job_id
 from .jobs.local_queue import LocalJobQueue
 from .jobs.metrics import Catalog, TrainingMetrics
 from .jobs.redis_queue import RedisJobQueue
@@ -35,7 +35,9 @@ __all__ = [
     "JobStatus",
     "LocalEventBus",
     "Prompt",
+    "QueueFull",
     "RedisEventBus",
+    "Room",
     "SkillEventBus",
     "SkillTrainer",
     "TrainingMetrics",

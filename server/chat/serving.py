@@ -29,7 +29,7 @@ from ..engines import (
     RequestTooLarge,
     SamplingParams,
 )
-from ..errors import APIError
+from ..errors import APIError, store_unavailable
 from .protocol import ChatCompletionRequest, chat_chunk, chat_completion, completion_id, route_field
 from .target import resolve_target
 from .tools import CallReader, CallStream, ToolCall
@@ -91,9 +91,7 @@ class ChatServing:
         if first.finish_reason == "error" and first.not_found:  # a skill retired between routing and the engine
             raise APIError(404, f"{first.error}", "model", "model_not_found")
         if first.finish_reason == "error" and first.unavailable:  # a cold skill, and the adapter store is down
-            raise APIError(
-                503, f"{first.error}; retry later", "model", "adapter_store_unavailable", {"Retry-After": "5"}
-            )
+            raise store_unavailable(first.error, "model")
         if first.finish_reason == "error":
             raise APIError(500, f"generation failed: {first.error}", None, "internal_error")
         headers = {"x-skillpool-route": decision.header()}

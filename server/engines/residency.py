@@ -52,7 +52,8 @@ class SkillResidency:
 
     def ensure(self, keys: Iterable[str], keep: set[str]) -> bool:
         """Make these versions resident, evicting idle ones not in `keep` in segmented-LRU order. False: no slot
-        can be freed now (every resident version is in use): the request waits."""
+        can be freed now (every resident version is in use): the request waits. A version is read before anything
+        is evicted for it: a read that fails (the adapter store is down) leaves every resident version in place."""
         keys, hits = list(keys), []
         if self.max_loaded is not None and len(keys) > self.max_loaded:
             raise ValueError(f"the mix needs {len(keys)} skills, more than max_loaded_skills ({self.max_loaded})")
@@ -61,13 +62,13 @@ class SkillResidency:
                 hits.append(key)
                 continue
             load = self._loaders[key]
-            if self.max_loaded is not None:
-                victims = [n for n in self._order if n not in keep]
-                while len(self.bank) >= self.max_loaded and victims:
-                    self._evict(victims.pop(0))
-                if len(self.bank) >= self.max_loaded:
-                    return False
-            self.bank.add(key, load())
+            victims = [n for n in self._order if n not in keep] if self.max_loaded is not None else []
+            if self.max_loaded is not None and len(self.bank) - len(victims) >= self.max_loaded:
+                return False
+            adapter = load()
+            while self.max_loaded is not None and len(self.bank) >= self.max_loaded:
+                self._evict(victims.pop(0))
+            self.bank.add(key, adapter)
             self._order.touch(key)
             self.loads += 1
         for key in hits:  # a use counts once the request is admitted: a waiting one calls again

@@ -27,6 +27,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoTokenizer
 
+from skillpool.adapters_store.objects import StoreUnavailable
 from skillpool.lora.concat import adapter_rank, zero_adapter
 from skillpool.runtime.base_model import resolve_device
 from skillpool.runtime.processes import DIE_WITH_PARENT
@@ -372,8 +373,13 @@ class VLLMEngine(StreamsEvents, ChatFront):
                     structured_outputs=structured(p.constraint),
                 )
             except Exception as e:  # this request alone fails (a retired skill, a broken adapter, bad params)
-                flight.emit(
-                    EngineEvent(finish_reason="error", error=str(e).strip("'\""), not_found=isinstance(e, KeyError))
+                flight.emit(  # a retired skill: 404; a cold one while the adapter store is down: 503
+                    EngineEvent(
+                        finish_reason="error",
+                        error=str(e).strip("'\""),
+                        not_found=isinstance(e, KeyError),
+                        unavailable=isinstance(e, StoreUnavailable),
+                    )
                 )
                 return
             prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))

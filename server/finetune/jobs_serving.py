@@ -20,9 +20,9 @@ from ..intake import (
     JobRequest,
     check_force,
     check_method,
-    check_room,
     config_values,
     hold_name,
+    room,
     train_config,
 )
 from .protocol import (
@@ -62,7 +62,7 @@ def _hyperparameters(req: FineTuningJobCreate) -> tuple[Hyperparameters, str]:
     return req.hyperparameters or Hyperparameters(), "hyperparameters"
 
 
-def openai_config(req: FineTuningJobCreate, extra: dict[str, Any]) -> TrainConfig:
+def openai_config(req: FineTuningJobCreate, extra: dict[str, Any], caller: Principal) -> TrainConfig:
     """TrainConfig from OpenAI's hyperparameters ("auto" or absent: our default) over metadata's config."""
     hp, where = _hyperparameters(req)
     values = dict(extra)
@@ -86,7 +86,7 @@ def openai_config(req: FineTuningJobCreate, extra: dict[str, Any]) -> TrainConfi
             return f"{where}.{ours[key]}"
         return "seed" if key == "seed" and req.seed is not None else f"{FINE_TUNING.config}.{key}"
 
-    return train_config(values, FINE_TUNING, param)
+    return train_config(values, FINE_TUNING, caller, param)
 
 
 def _settings(c: Components, metadata: dict[str, str], caller: Principal) -> tuple[str, bool, dict[str, Any]]:
@@ -131,8 +131,7 @@ def create_job(c: Components, req: FineTuningJobCreate, caller: Principal) -> tu
         )
     metadata = dict(req.metadata or {})
     method, force, extra = _settings(c, metadata, caller)
-    cfg = openai_config(req, extra)
-    check_room(c)
+    cfg = openai_config(req, extra, caller)
     job_id = new_job_id()
     short = job_id[-8:]
     skill = f"{req.suffix or 'ft'}-{short}"
@@ -152,8 +151,9 @@ def create_job(c: Components, req: FineTuningJobCreate, caller: Principal) -> tu
     job = JobRequest(skill, method, force, cfg, caller.name, fine_tuning=fine_tuning, id=job_id).job()
     job.log(f"Created fine-tuning job: {job.id}")
     job.log(f"Validating training file: {req.training_file}")
-    # the name carries the job's id: held only if that id came twice; a disk that cannot take it is a 507
-    hold_name(c, job, FINE_TUNING, False, lambda: c.jobs.add(job))
+    # the name carries the job's id: held only if that id came twice; a disk that cannot take it is a 507. The job
+    # takes its place in the queue now: validating, it counts as pending until it ends
+    hold_name(c, job, FINE_TUNING, False, lambda: c.jobs.add(job, room(c)))
     return job, cfg
 
 

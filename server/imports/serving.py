@@ -39,10 +39,10 @@ from ..intake import (
     check_force,
     check_name,
     check_owner,
-    check_room,
     exists_error,
     flag,
     hold_name,
+    room,
 )
 from ..models_api import retire
 from .sources import read_path
@@ -249,9 +249,7 @@ class ImportServing:
         return _rejected_as_400(check_peft_files, param, files, linears, limit, c.base.model_id, why)
 
     async def _submit(self, plan: ImportPlan, via: str) -> Job:
-        c = self.c
         checked = await asyncio.to_thread(self._check, plan.files, plan.param)
-        await asyncio.to_thread(check_room, c)  # the queue calls may go to Redis: off the event loop
         cfg = TrainConfig()  # no hyperparameter trains anything; the gate's and the split's are the defaults
         job = JobRequest(
             plan.name, IMPORTED, plan.force, cfg, plan.caller.name, plan.new_version, examples=len(plan.examples)
@@ -272,7 +270,7 @@ class ImportServing:
                 raise exists_error(job.skill, existing[-1].version, plan.fields, "import")
             c.store.stage(job.id, lambda folder: checked.save(folder, c.base.model_id))
             try:
-                c.jobs.submit(job, plan.examples, cfg)
+                c.jobs.submit(job, plan.examples, cfg, room(c))
             except BaseException:
                 c.store.unstage(job.id)
                 raise

@@ -24,10 +24,10 @@ from ..intake import (
     check_method,
     check_name,
     check_owner,
-    check_room,
     exists_error,
     flag,
     hold_name,
+    room,
     train_config,
 )
 
@@ -72,7 +72,7 @@ class TaskServing:
             if isinstance(raw_cfg, str) and raw_cfg.strip()
             else {}
         )
-        cfg = train_config(cfg_obj, TASKS)
+        cfg = train_config(cfg_obj, TASKS, caller)
         data = await upload.read(c.cfg.http.max_upload_bytes + 1)
         if len(data) > c.cfg.http.max_upload_bytes:
             raise APIError(413, f"upload is larger than {c.cfg.http.max_upload_bytes} bytes", "file", "file_too_large")
@@ -88,12 +88,11 @@ class TaskServing:
                 "invalid_dataset",
                 errors=[{"line": x.line, "field": x.field, "message": x.message} for x in e.errors],
             ) from None
-        # the queue calls go to a thread: a slow Redis must not stall the event loop (and every chat stream)
-        await asyncio.to_thread(check_room, c)
         job = JobRequest(name, method, force, cfg, caller.name, new_version, examples=len(examples)).job()
         job.log(f"Created training job: {job.id} (POST /tasks, {len(examples)} examples validated)")
         if existing:
             job.log(f"Skill {name} exists: this job trains version {existing[-1].version + 1} or later")
+        # the queue calls go to a thread: a slow Redis must not stall the event loop (and every chat stream)
         await asyncio.to_thread(_reserve_and_submit, c, job, examples, cfg, new_version)
         return JSONResponse(job.to_dict(), status_code=202)
 
@@ -124,6 +123,6 @@ def _reserve_and_submit(c: Components, job: Job, examples: list[Example], cfg: T
         existing = c.store.versions(job.skill)  # the job that held the name until a moment ago may have stored it
         if existing and not new_version:
             raise exists_error(job.skill, existing[-1].version, TASKS)
-        c.jobs.submit(job, examples, cfg)
+        c.jobs.submit(job, examples, cfg, room(c))
 
     hold_name(c, job, TASKS, new_version, submit)

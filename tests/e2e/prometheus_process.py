@@ -1,5 +1,6 @@
 """A real Prometheus (Debian's `prometheus` binary) for end-to-end tests: its own free port and temp storage,
-1 s scrapes of the given jobs under deploy/'s job names, deploy/'s alert rules, and its HTTP API."""
+1 s scrapes of the given jobs under deploy/'s job names, each with the credentials deploy/ gives it (a job's
+`authorization` block, its file holding the test's key), deploy/'s alert rules, and its HTTP API."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+import yaml
 
 from skillpool.evaluation.process import free_port
 from tests.conftest import until
@@ -21,11 +23,13 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 class Prometheus:
     """`with Prometheus(folder, {"skillpool": [port]}) as prom:` scrapes 127.0.0.1:port every second."""
 
-    def __init__(self, folder: Path, jobs: dict[str, list[int]]) -> None:
-        deployed = re.findall(r"job_name:\s*(\S+)", (DEPLOY / "prometheus" / "prometheus.yml").read_text())
-        missing = set(jobs) - set(deployed)
+    def __init__(self, folder: Path, jobs: dict[str, list[int]], tokens: dict[str, str] | None = None) -> None:
+        """`tokens`: job -> the bearer token its targets take, written where the job's deployed config reads it."""
+        config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+        self.deployed = {job["job_name"]: job for job in config["scrape_configs"]}
+        missing = set(jobs) - set(self.deployed)
         assert not missing, f"deploy/prometheus/prometheus.yml has no scrape job {missing}"
-        self.folder, self.jobs, self.port = folder, jobs, free_port()
+        self.folder, self.jobs, self.port, self.tokens = folder, jobs, free_port(), tokens or {}
         self.api = f"http://127.0.0.1:{self.port}/api/v1"
         self.proc: subprocess.Popen[bytes] | None = None
         self._types: dict[str, str] | None = None
@@ -41,7 +45,14 @@ class Prometheus:
         ]
         for job, ports in self.jobs.items():
             targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
-            lines.append(f"  - {{job_name: {job}, static_configs: [{{targets: [{targets}]}}]}}")
+            auth = ""
+            if job in self.tokens:  # the deployed job's authorization, its file holding the token
+                deployed = self.deployed[job].get("authorization")
+                assert deployed and deployed.get("credentials_file"), f"deploy/'s job {job} sends no credentials"
+                secret = self.folder / f"{job}-{Path(deployed['credentials_file']).name}"
+                secret.write_text(self.tokens[job])
+                auth = f", authorization: {{type: {deployed['type']}, credentials_file: '{secret}'}}"
+            lines.append(f"  - {{job_name: {job}, static_configs: [{{targets: [{targets}]}}]{auth}}}")
         config.write_text("\n".join(lines) + "\n")
         with (self.folder / "prometheus.log").open("ab") as log:
             self.proc = subprocess.Popen(

@@ -263,7 +263,7 @@ def test_each_engine_replicas_adapter_tiers_are_exported_under_its_own_id(cluste
     from prometheus_client.parser import text_string_to_metric_families
 
     def tiers() -> dict[tuple[str, str], float]:
-        text = httpx.get(cluster.srv.url + "/metrics", timeout=30).text
+        text = httpx.get(cluster.srv.url + "/metrics", headers=ADMIN, timeout=30).text
         return {
             (s.labels["replica"], s.labels["tier"]): s.value
             for family in text_string_to_metric_families(text)

@@ -5,8 +5,8 @@ The admin uploads a slice of AG News through the Upload view and watches the job
 trains; meanwhile a wrong key sees nothing of the pool, a bad file's line numbers are shown, and a prompt, a file
 name and a job error carrying markup are shown as text. Once the skill is served: the skills table shows its gate
 numbers, the playground shows the route the API's header gives, and the chat and train keys see no fallback
-cluster and no admin action. Every page load checks the CSP on the console's responses and that nothing violated
-it. Each view's screenshot goes to pytest's tmp dir, and to the folder SKILLPOOL_CONSOLE_SCREENSHOTS names.
+cluster and no admin action; an address naming no view (`#constructor`) opens the Skills view. Every page load
+checks the CSP on the console's responses and that nothing violated it. Each view's screenshot goes to pytest's tmp dir, and to the folder SKILLPOOL_CONSOLE_SCREENSHOTS names.
 """
 
 from __future__ import annotations
@@ -321,3 +321,15 @@ def test_chat_and_train_keys_see_no_fallback_cluster_and_no_admin_action(
         assert asked not in page.locator("body").inner_text()
         served = [x for x in console.watch(page).responses if "/fallback_clusters" in x.url and x.status == 200]
         assert served == [], "the server gave the fallback clusters to a non-admin key"
+
+
+def test_a_view_the_page_does_not_have_opens_the_skills_view(console: Console) -> None:
+    """Every name an object inherits (`#constructor`, `#__proto__`, `#toString`, ...) and names of no view at all
+    open the Skills view: the page never goes blank (Console checks that no page error was thrown)."""
+    inherited = console.open(CHAT).evaluate("Object.getOwnPropertyNames(Object.prototype)")
+    assert {"constructor", "__proto__", "toString"} <= set(inherited)
+    for view in [*inherited, "prototype", "nope", "Skills", "skills/1", "%E2%80%A8"]:
+        page = console.open(CHAT, view)
+        page.get_by_test_id("view-skills").wait_for(state="visible", timeout=15_000)
+        assert page.evaluate("location.hash") == "#skills", view
+        assert page.get_by_role("tab", name="Skills").get_attribute("aria-selected") == "true", view

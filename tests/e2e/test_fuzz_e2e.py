@@ -1,7 +1,9 @@
 """Fuzzing a live server over real HTTP, with two properties: no input gives a 5xx, and no input harms the next
 request (after every case a plain chat through the openai client is answered and /healthz stays 200).
 
-Schemathesis fuzzes every operation of the OpenAPI schema; the schema types `model` as a plain string, so a
+Schemathesis fuzzes every operation of the OpenAPI schema, and a third of the JSON bodies it makes get a string
+that is not text (a lone surrogate, which schemathesis never generates: it cannot be encoded as UTF-8) planted as
+a value or a key at any depth: each must be a 400 naming that field. The schema types `model` as a plain string, so a
 second, Hypothesis-driven test speaks the `model` grammar itself (skill names, explicit mixes with any floats,
 the base id, `auto`) with the numeric sampling fields at their edges: the request class that once killed the
 engine ('agnews=1e308,agnews=1e308'). The server runs the tiny LLaMA with one skill trained (forced past the
@@ -72,23 +74,66 @@ def test_no_input_gives_a_server_error_or_harms_the_next_request(live: ServerPro
     unharmed = Unharmed(live.url)
     for op in operations:
         _fuzz(op, live.url, seen, unharmed)
+    assert seen.pop("planted") == {400}  # strings that are not text were sent, each refused naming its field
     assert set(seen) == {op.label for op in operations}  # every operation was called
     assert not [label for label, codes in seen.items() if max(codes) >= 500], seen
     assert 200 in seen["POST /v1/chat/completions"], seen  # fuzzed bodies reached generation too
     print(f"schemathesis: {unharmed.cases} cases over {len(operations)} operations")
 
 
+NOT_TEXT = ["\ud800", "x\udfffy", "\udc80\ud800", "a\ud83d"]  # lone surrogates: valid JSON, never text
+
+
+def _places(value: Any, path: str = "") -> list[tuple[Any, Any, bool, str]]:
+    """Where a string can be planted in a JSON value: (container, key or index, as the key itself, its param)."""
+    out: list[tuple[Any, Any, bool, str]] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.append((value, k, True, path))
+            out += [(value, k, False, f"{path}.{k}" if path else k), *_places(v, f"{path}.{k}" if path else k)]
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += [(value, i, False, f"{path}[{i}]"), *_places(v, f"{path}[{i}]")]
+    return out
+
+
+def _plant(body: Any, bad: str, pick: int) -> str | None:
+    """Put `bad` at one place of `body` (replacing a value, or renaming a key); the param that names it."""
+    places = _places(body)
+    if not places:
+        return None
+    container, key, as_key, param = places[pick % len(places)]
+    if as_key:
+        container[bad] = container.pop(key)
+    else:
+        container[key] = bad
+    return param
+
+
 def _fuzz(op, url: str, seen: dict[str, set[int]], unharmed: Unharmed) -> None:  # type: ignore[no-untyped-def]
-    @given(case=op.as_strategy(), routed=st.booleans())
+    @given(
+        case=op.as_strategy(),
+        routed=st.booleans(),
+        plant=st.sampled_from([None, None, *NOT_TEXT]),
+        pick=st.integers(0, 10**6),
+    )
     @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    def fuzz(case, routed: bool) -> None:  # type: ignore[no-untyped-def]
+    def fuzz(case, routed: bool, plant: str | None, pick: int) -> None:  # type: ignore[no-untyped-def]
         if routed and op.label == "POST /v1/chat/completions" and isinstance(case.body, dict):
             # half the chat bodies name a model that exists and carry a user turn: they reach the engine
             case.body["model"] = "auto"
             case.body["messages"] = [*(case.body.get("messages") or []), {"role": "user", "content": "hello"}]
+        planted = None
+        if plant is not None and "json" in (case.media_type or "") and isinstance(case.body, (dict, list)):
+            planted = _plant(case.body, plant, pick)
         response = case.call(base_url=url, timeout=120)
         seen.setdefault(op.label, set()).add(response.status_code)
         case.validate_response(response, checks=[not_a_server_error])
+        if planted is not None:
+            assert response.status_code == 400, (op.label, case.body, response.text)
+            err = response.json()["error"]
+            assert err["code"] == "invalid_encoding" and err["param"] == (planted or None), (case.body, err)
+            seen.setdefault("planted", set()).add(400)
         unharmed.check(op.label)
 
     fuzz()

@@ -49,6 +49,8 @@ def test_sighup_reloads_the_keys_file(tiny_base, tmp_path: Path) -> None:  # typ
         assert "line 2: expected NAME ROLE KEY" in srv.log_tail(100_000)
         assert status(srv.url, "k-alice-0002") == 200  # the old keys still serve
 
-        metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+        assert httpx.get(srv.url + "/metrics", timeout=30).status_code == 401  # with keys: a key of its own
+        root = {"authorization": "Bearer k-root-0001"}
+        metrics = httpx.get(srv.url + "/metrics", headers=root, timeout=30).text
         assert 'skillpool_requests_total{endpoint="/v1/models",status="401"}' in metrics
         assert srv.exited() is None

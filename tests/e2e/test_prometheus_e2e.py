@@ -3,7 +3,8 @@ quality gate, a job cancelled mid-training, routed, fallen-back and labelled cha
 trains in-process, and a server that only enqueues beside a `skillpool worker` on Redis. Every Grafana panel's
 PromQL then goes through Prometheus' HTTP API (as Grafana sends it: a range query, or an instant one) and must
 return data, every alert rule must load and evaluate, the process that trains reports each job once, and the
-series of a job that ended and of a skill that was retired leave the next scrape."""
+series of a job that ended and of a skill that was retired leave the next scrape. The servers have keys, so
+Prometheus scrapes them with the bearer token deploy/'s scrape config sends (a key of role metrics)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ pytestmark = pytest.mark.slow
 SKILL = "sst-2"
 LONG = "cancelled"  # a job long enough to be scraped mid-training (one row per step), cancelled once it was
 RETIRED_SERIES = ("skillpool_routing_accuracy", "skillpool_skill_eval_score")
+SCRAPER, ROOT = "k-scrape-0001", "k-root-0002"  # --metrics-api-key (Prometheus'), --admin-api-key (the test's)
+KEYS = ["--metrics-api-key", SCRAPER, "--admin-api-key", ROOT]
+AS_ADMIN = {"authorization": f"Bearer {ROOT}"}
 PROGRESS_SERIES = (
     "skillpool_training_step",
     "skillpool_training_steps",
@@ -59,8 +63,11 @@ def panel_queries(range_s: int = 600) -> list[Panel]:
 
 
 def test_every_panel_has_data_and_a_retired_skill_leaves_with_an_in_process_trainer(tiny_base, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    args = ["--model", str(tiny_base.path), "--default-max-tokens", "3"]
-    with ServerProcess(tmp_path / "data", args) as srv, Prometheus(tmp_path, {"skillpool": [srv.port]}) as prom:
+    args = ["--model", str(tiny_base.path), "--default-max-tokens", "3", *KEYS]
+    with (
+        ServerProcess(tmp_path / "data", args) as srv,
+        Prometheus(tmp_path, {"skillpool": [srv.port]}, tokens={"skillpool": SCRAPER}) as prom,
+    ):
         _exercise_and_check(srv, prom, trainer_job="skillpool")
 
 
@@ -69,11 +76,13 @@ def test_every_panel_has_data_and_a_retired_skill_leaves_with_redis_workers(  # 
 ) -> None:
     data, prefix, metrics_port = tmp_path / "data", f"prom-{uuid.uuid4().hex[:8]}", free_port()
     redis = ["--redis-url", redis_url, "--redis-prefix", prefix]
-    args = [*redis, "--no-trainer", "--model", str(tiny_base.path), "--default-max-tokens", "3"]
+    args = [*redis, "--no-trainer", "--model", str(tiny_base.path), "--default-max-tokens", "3", *KEYS]
     with (
         ServerProcess(data, args) as srv,
         _worker([*redis, "--data-dir", str(data), "--model", str(tiny_base.path)], metrics_port, tmp_path) as worker,
-        Prometheus(tmp_path, {"skillpool": [srv.port], "skillpool-worker": [metrics_port]}) as prom,
+        Prometheus(
+            tmp_path, {"skillpool": [srv.port], "skillpool-worker": [metrics_port]}, tokens={"skillpool": SCRAPER}
+        ) as prom,
     ):
         _exercise_and_check(srv, prom, trainer_job="skillpool-worker", worker=worker)
 
@@ -106,6 +115,7 @@ def _exercise_and_check(
 ) -> None:
     """The traffic, then the checks both layouts share: panels, rules, training metrics from the scrape job of
     the process that trains (`trainer_job`), each job counted once, retirement."""
+    assert httpx.get(srv.url + "/metrics", timeout=30).status_code == 401  # only with the scraper's key
     started = time.time()
     # a skill trained (forced past the gate a random model cannot pass), one job failed at the gate
     trained = _wait(srv, _upload(srv, SKILL, 30, force=True))
@@ -143,7 +153,7 @@ def _exercise_and_check(
 
     for name in RETIRED_SERIES:
         assert prom.query(f'{name}{{skill="{SKILL}"}}'), f"{name} has no {SKILL} series before it is retired"
-    r = httpx.delete(f"{srv.url}/v1/models/{SKILL}", timeout=30)
+    r = httpx.delete(f"{srv.url}/v1/models/{SKILL}", headers=AS_ADMIN, timeout=30)
     assert r.status_code == 200, r.text
     retired = time.time()
     until(lambda: prom.scraped_since(retired), timeout=60)  # every target scraped once more
@@ -161,13 +171,13 @@ def _scrape_mid_training_then_cancel(srv: ServerProcess, prom: Prometheus, train
     job_id = _upload(srv, LONG, 300, force=True, batch_size=1)
 
     def scraped() -> bool:
-        status = TasksClient(srv.url).job(job_id)["status"]
+        status = TasksClient(srv.url, ROOT).job(job_id)["status"]
         assert status in ("queued", "running"), f"{LONG} ended ({status}) before Prometheus saw it train"
         found = prom.query(f'{{__name__=~"{"|".join(PROGRESS_SERIES)}", job="{trainer_job}", skill="{LONG}"}}')
         return {s["metric"]["__name__"] for s in found} == set(PROGRESS_SERIES)
 
     until(scraped, timeout=300)
-    assert TasksClient(srv.url).cancel(job_id).status_code == 200
+    assert TasksClient(srv.url, ROOT).cancel(job_id).status_code == 200
     assert _wait(srv, job_id)["status"] == "cancelled"
     ended = time.time()
     until(lambda: prom.scraped_since(ended), timeout=60)
@@ -175,14 +185,14 @@ def _scrape_mid_training_then_cancel(srv: ServerProcess, prom: Prometheus, train
 
 
 def _upload(srv: ServerProcess, name: str, rows: int, force: bool, batch_size: int = 8) -> str:
-    job = TasksClient(srv.url).upload(
+    job = TasksClient(srv.url, ROOT).upload(
         name, sst2_lines(rows), config={"epochs": 1, "batch_size": batch_size}, force=force
     )
     return str(job["id"])
 
 
 def _wait(srv: ServerProcess, job_id: str) -> dict[str, Any]:
-    return TasksClient(srv.url).follow(job_id, progress=False, poll_s=0.5, gone=srv.exited, timeout_s=600)
+    return TasksClient(srv.url, ROOT).follow(job_id, progress=False, poll_s=0.5, gone=srv.exited, timeout_s=600)
 
 
 def _chat(srv: ServerProcess, prom: Prometheus, scrapes: int = 6) -> None:
@@ -190,7 +200,7 @@ def _chat(srv: ServerProcess, prom: Prometheus, scrapes: int = 6) -> None:
     while: enough samples for every rate window."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    client = OpenAI(base_url=srv.url + "/v1", api_key=ROOT, max_retries=0, timeout=120)
     rows = [json.loads(x) for x in sst2_lines(3).splitlines()]
     since = time.time()
     while not prom.scraped_since(since + scrapes):

@@ -1,7 +1,8 @@
 """A server whose skills live in an S3 bucket (moto's server on 127.0.0.1): a skill another store published is
-served from an empty disk cache, and when the store goes away only the requests that need a cold skill fail, with
-503 in OpenAI's envelope; the base model and the skills the engine holds go on. `skillpool serve` with a store it
-cannot reach stops at once, saying so."""
+served from an empty disk cache, and when the store goes away only the requests that need it fail, with 503 in
+OpenAI's envelope that names no store, endpoint or object; the base model and the skills the engine holds go on,
+whatever the cold requests, even with no room for another skill (a cold skill is read before a resident one
+leaves). `skillpool serve` with a store it cannot reach stops at once, saying so."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from skillpool.adapters_store.store import open_store
 from skillpool.evaluation.process import free_port
@@ -58,13 +61,71 @@ def test_a_published_skill_is_served_and_a_store_outage_fails_only_cold_skills(
                     assert cold.status_code == 503, cold.text  # type: ignore[attr-defined]
                     error = cold.json()["error"]  # type: ignore[attr-defined]
                     assert error["code"] == "adapter_store_unavailable" and error["param"] == "model"
-                    assert error["type"] == "service_unavailable_error" and url in error["message"]
+                    assert error["type"] == "service_unavailable_error"
                     assert cold.headers["retry-after"] == "5"  # type: ignore[attr-defined]
+                    # what else needs the store: the same 503, and none tells the caller where the store is
+                    for method, path, kw in [
+                        ("GET", "/v1/models/cold", {}),
+                        ("POST", "/v1/models/cold/rollback", {"json": {}}),
+                        ("POST", "/tasks", {"data": {"name": "cold"}, "files": {"file": ("a.jsonl", b"{}")}}),
+                        (
+                            "POST",
+                            "/v1/chat/completions",
+                            {"json": {"model": "cold", "messages": [{"role": "user", "content": "x"}]}},
+                        ),
+                    ]:
+                        r = http.request(method, path, **kw)
+                        assert r.status_code == 503 and r.json()["error"]["code"] == "adapter_store_unavailable", r.text
+                        assert r.headers["retry-after"] == "5"
+                        for secret in (url, "skills-serving", moto.url, str(moto.port), "skills/", "meta.json"):
+                            assert secret not in r.text, (path, secret, r.text)
                     assert chat(http, "base").status_code == 200  # type: ignore[attr-defined]
                     assert chat(http, "warm").status_code == 200  # type: ignore[attr-defined]  # the engine holds it
                     assert http.get("/healthz").status_code == 200
                     m = scrape(http)
                     assert value(m, "skillpool_adapter_hits_total", tier="gpu", **replica) == 1
+            finally:
+                c.close()
+    finally:
+        moto.stop()
+
+
+@pytest.mark.parametrize("max_loaded", [1, 2])
+def test_a_store_outage_never_takes_a_resident_skill_down(tiny_base, embedder, tmp_path: Path, max_loaded: int) -> None:  # type: ignore[no-untyped-def]
+    warm, cold = [f"warm{i}" for i in range(max_loaded)], ["cold0", "cold1"]
+    moto = MotoServer()
+    try:
+        with aws_env(moto.env()):
+            make_bucket("skills-outage")
+            url = "s3://skills-outage/pool"
+            writer = SimpleNamespace(base=tiny_base, store=open_store(tmp_path / "trainer", url))
+            for name in warm + cold:
+                store_skill(writer, embedder, name, "accuracy", 0.5)
+            # no disk cache: a skill the engine let go could only come back from the store
+            cfg = ServerConfig.of(
+                data_dir=tmp_path / "server", adapter_store=url, adapter_cache_bytes=0, max_loaded_skills=max_loaded
+            )
+            c = build_components(cfg, base=tiny_base, embedder=embedder)
+            try:
+                with TestClient(create_app(c)) as http:
+                    for name in warm:
+                        assert chat(http, name).status_code == 200  # type: ignore[attr-defined]
+                    moto.stop()
+                    mixes = [f"{warm[0]}=0.5,{cold[0]}=0.5"] if max_loaded > 1 else []  # a mix must fit the engine
+                    requests = st.sampled_from([*cold, *warm, "base", *mixes])
+
+                    @given(sequence=st.lists(requests, min_size=1, max_size=8))
+                    @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+                    def outage(sequence: list[str]) -> None:
+                        for model in sequence:
+                            r = chat(http, model)
+                            needs_cold = any(name in model for name in cold)
+                            want = 503 if needs_cold else 200
+                            assert r.status_code == want, (sequence, model, r.text)  # type: ignore[attr-defined]
+                            health = http.get("/healthz").json()
+                            assert health["resident_skills"] == max_loaded, (sequence, model, health)
+
+                    outage()
             finally:
                 c.close()
     finally:

@@ -57,6 +57,29 @@ def test_rules_and_config_parse() -> None:
     assert {"skillpool", "skillpool-worker"} <= scraped  # the jobs the dashboard and the alerts name
 
 
+def test_the_server_job_scrapes_with_the_metrics_key_compose_gives_both() -> None:
+    """With keys, /metrics needs a key of role metrics: Prometheus' job sends the file compose mounts beside its
+    config, and compose hands the server its key (the same secret, SKILLPOOL_METRICS_KEY)."""
+    jobs = {job["job_name"]: job for job in yaml.safe_load((PROM / "prometheus.yml").read_text())["scrape_configs"]}
+    auth = jobs["skillpool"]["authorization"]
+    assert auth["type"] == "Bearer" and (PROM / auth["credentials_file"]).is_file()
+    assert (PROM / auth["credentials_file"]).read_text().strip() == ""  # shipped without a secret
+    compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
+    assert (
+        f"./prometheus/{auth['credentials_file']}:/etc/prometheus/{auth['credentials_file']}:ro"
+        in (compose["prometheus"]["volumes"])
+    )
+    assert "SKILLPOOL_METRICS_KEY" in compose["skillpool"]["environment"]
+    monitor = next(yaml.safe_load_all((DEPLOY / "k8s" / "servicemonitor.yaml").read_text()))
+    secret = monitor["spec"]["endpoints"][0]["authorization"]["credentials"]
+    deployment = yaml.safe_load((DEPLOY / "k8s" / "deployment.yaml").read_text())
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SKILLPOOL_METRICS_KEY"]["valueFrom"]["secretKeyRef"] | {"optional": True} == {
+        **secret,
+        "optional": True,
+    }
+
+
 def test_every_alert_fires_on_its_series_and_only_then() -> None:
     result = run(tool("promtool"), "test", "rules", "alerts_test.yml")
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr

@@ -238,6 +238,7 @@ def test_refused_requests_are_counted(components) -> None:  # type: ignore[no-un
         return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(line))
 
     with TestClient(create_app(components, KeyRing("k-user-00005", "k-root-00004"))) as http:
+        http.headers["authorization"] = f"Bearer {BEARER['root']}"  # /metrics: the admin may read it
         before = count("401"), count("403")
         assert http.get(f"/v1/files/{NO_FILE}", headers=headers("unknown")).status_code == 401
         assert http.delete(f"/v1/files/{NO_FILE}", headers=headers("user")).status_code == 403
@@ -255,3 +256,48 @@ def test_without_keys_everyone_may_do_everything(components, owned) -> None:  # 
         assert http.get(f"/v1/files/{owned['file']}", headers=headers("unknown")).status_code == 200
         assert http.get("/v1/skillpool/fallback_clusters").status_code == 200
         assert http.post("/v1/models/nope/rollback").status_code == 404
+
+
+SCRAPER = "k-scrape-0007"  # --metrics-api-key: a key with role metrics, named metrics
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_metrics_needs_a_metrics_or_admin_key_unless_the_operator_opens_it(
+    components, keys_file: Path, opened: bool
+) -> None:  # type: ignore[no-untyped-def]
+    ring = KeyRing(path=keys_file, metrics_key=SCRAPER, open_metrics=opened)
+    with TestClient(create_app(components, ring)) as http:
+        http.post("/v1/chat/completions", json=CHAT, headers=headers("alice"))  # a series to show
+        callers = {None: 401, "unknown": 401, "alice": 403, "bob": 403, "root": 200}
+        for bearer, status in [*callers.items(), ("scraper", 200)]:
+            auth = {"authorization": f"Bearer {SCRAPER}"} if bearer == "scraper" else headers(bearer)
+            r = http.get("/metrics", headers=auth)
+            want = 200 if opened else status
+            assert r.status_code == want, (bearer, opened, r.text[:200])
+            assert ("skillpool_requests_total" in r.text) == (want == 200)  # a refusal shows no series
+            if want != 200 and bearer != "unknown":  # an unknown key is refused as such, whatever it asks
+                err = r.json()["error"]
+                assert "role metrics or admin" in err["message"] and err["code"] in (
+                    "invalid_api_key",
+                    "permission_denied",
+                )
+
+
+def test_without_keys_metrics_is_open(components) -> None:  # type: ignore[no-untyped-def]
+    with TestClient(create_app(components)) as http:
+        assert http.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("row", MATRIX, ids=[f"{m} {p}" for m, p, _, _ in MATRIX])
+def test_a_metrics_key_may_do_nothing_more_than_no_key(components, owned, row) -> None:  # type: ignore[no-untyped-def]
+    """Beside an admin key alone (chat open to callers without a key) and beside chat keys (nothing open)."""
+    method, path, kw, statuses = row
+    for ring, anonymous in (
+        (KeyRing(admin_key=BEARER["root"], metrics_key=SCRAPER), statuses[0]),
+        (KeyRing(BEARER["user"], BEARER["root"], metrics_key=SCRAPER), 401),
+    ):
+        with TestClient(create_app(components, ring)) as http:
+            r = http.request(
+                method, fill(path, owned), headers={"authorization": f"Bearer {SCRAPER}"}, **fill(kw, owned)
+            )
+            assert r.status_code == (403 if anonymous == 401 else anonymous), (method, path, r.text[:300])

@@ -127,6 +127,10 @@ def test_new_flags_for_the_upload_and_queue_limits() -> None:
         2,
         4,
     )
+    assert (
+        config().training.max_pending_jobs_per_key is None
+        and config("--max-pending-jobs-per-key", "3").training.max_pending_jobs_per_key == 3
+    )
 
 
 def test_environment_gives_the_key_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,6 +155,7 @@ def test_environment_gives_the_key_defaults(monkeypatch: pytest.MonkeyPatch) -> 
         (["--embedder", "openvino"], "--embedder: invalid choice: 'openvino'"),
         (["--engine-nice", "-5"], "--engine-nice: must be from 0 to 19, not -5"),
         (["--engine-nice", "20"], "--engine-nice: must be from 0 to 19, not 20"),
+        (["--max-pending-jobs-per-key", "0"], "--max-pending-jobs-per-key: must be at least 1, not 0"),
     ],
 )
 def test_a_bad_value_is_an_argparse_error(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

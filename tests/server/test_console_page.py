@@ -1,10 +1,12 @@
 """The console page (server/console): served at /console from the installed package's files, every response under
-/console with the CSP and nosniff, and a page with no inline script or style and no HTML parsing of data."""
+/console with the CSP and nosniff, a page with no inline script or style and no HTML parsing of data, and `/console/`
+(as every route with a slash added) redirected with a relative Location, whatever the Host header."""
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from importlib.resources import files
 from pathlib import Path
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from skillpool.server.app import create_app
 from skillpool.server.auth import KeyRing
@@ -119,3 +123,38 @@ def test_the_server_serves_the_console_without_a_key(components) -> None:  # typ
         assert page.status_code == 200 and page.headers["content-security-policy"] == CSP
         assert client.get("/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
         assert "/console" not in client.get("/openapi.json").json()["paths"]
+
+
+hosts = st.one_of(
+    st.sampled_from(["evil.example", "evil.example:8443", "[::1]:9", "127.0.0.1:8000", "a@b.example", ""]),
+    st.from_regex(r"[a-z0-9.-]{1,30}(:[0-9]{1,5})?", fullmatch=True),
+)
+queries = st.one_of(st.just(""), st.from_regex(r"[a-z0-9=&%]{1,20}", fullmatch=True))
+
+
+@pytest.fixture(scope="module")
+def app_client(components) -> Iterator[TestClient]:  # type: ignore[no-untyped-def]
+    with TestClient(create_app(components)) as client:
+        yield client
+
+
+@given(host=hosts, path=st.sampled_from(["/console/", "/console//", "/healthz/", "/v1/models/"]), query=queries)
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_slash_redirect_stays_on_the_host_it_was_asked_of(
+    app_client: TestClient, host: str, path: str, query: str
+) -> None:
+    """Whatever the Host header says, the redirect's Location is a path on this server: never that host."""
+    url = path + (f"?{query}" if query else "")
+    r = app_client.get(url, headers={"host": host} if host else {}, follow_redirects=False)
+    assert r.status_code == 307, r.text
+    location = r.headers["location"]
+    assert location == path.rstrip("/") + (f"?{query}" if query else ""), location
+    assert location.startswith("/") and not location.startswith(("//", "/\\"))
+    assert not host or host not in location or host in path + query
+    assert app_client.get(location, follow_redirects=False).status_code != 307  # it lands on the route
+
+
+def test_a_path_that_reads_as_another_host_is_not_redirected_there(app_client: TestClient) -> None:
+    for path in ("//evil.example/", "/\\evil.example/", "//evil.example/console/"):
+        r = app_client.get(path, follow_redirects=False)
+        assert r.status_code == 404 or not r.headers.get("location", "/").startswith(("//", "/\\")), r.headers

@@ -74,8 +74,11 @@ def test_no_keys_is_single_tenant() -> None:
 def test_the_summary_says_what_is_open() -> None:
     assert KeyRing(admin_key="ka").summary() == (
         "auth: keys: 1 admin; chat and models open to anyone; uploads and training need the admin key; "
-        "force, retire, rollback and fallback clusters need the admin key"
+        "force, retire, rollback and fallback clusters need the admin key; /metrics needs a metrics or admin key"
     )
+    scraped = KeyRing(admin_key="ka", metrics_key="km").summary()
+    assert "1 admin, 1 metrics" in scraped and "chat and models open to anyone" in scraped  # a scraper opens nothing
+    assert "/metrics is open to anyone" in KeyRing(admin_key="ka", open_metrics=True).summary()
     only_chat = KeyRing(api_key="ku").summary()
     assert "every /v1 and /tasks call needs a key" in only_chat and "no key may upload or train" in only_chat
     assert "are closed (no admin key)" in only_chat

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from skillpool.adapters_store.objects import StoreUnavailable
 from skillpool.lora.adapter import LoRAAdapter, LoRAFactors
 from skillpool.server.engines.vllm_mix.slots import Resident, SkillSlots
 
@@ -125,9 +126,34 @@ def test_a_skill_that_fails_to_load_fails_its_request_and_can_be_tried_again(tmp
     async def scenario() -> None:
         with pytest.raises(ValueError):
             await w.slots.acquire(["a#1", "d#4"])
-        assert len(w.slots) == 1 and w.slots.held() == 0  # a#1 stays resident, idle; d#4 is gone
+        assert len(w.slots) == 0 and w.slots.held() == 0  # d#4's read failed before a slot was touched
+        w.live["d#4"] = lambda: adapter(4)
+        await w.slots.release((await w.slots.acquire(["a#1", "d#4"])).values())
 
     run(scenario())
+    assert sorted(w.loaded) == ["a#1", "d#4"]
+
+
+def test_a_skill_whose_read_fails_evicts_no_resident(tmp_path: Path) -> None:
+    """A store that fails a cold skill's read (it is down) leaves the residents in their slots, however often."""
+    w = World(tmp_path, slots=2)
+
+    def down() -> LoRAAdapter:
+        raise StoreUnavailable("the adapter store is unreachable")
+
+    w.live["d#4"] = down
+
+    async def scenario() -> None:
+        await w.slots.release((await w.slots.acquire(["a#1", "b#2"])).values())
+        for keys in (["d#4"], ["a#1", "d#4"], ["d#4", "b#2"], ["d#4"]):
+            with pytest.raises(StoreUnavailable):
+                await w.slots.acquire(keys)
+            assert len(w.slots) == 2 and w.slots.held() == 0
+        await w.slots.release((await w.slots.acquire(["a#1", "b#2"])).values())
+        await asyncio.sleep(0)
+
+    run(scenario())
+    assert sorted(w.loaded) == ["a#1", "b#2"] and w.unloaded == []  # loaded once, never let go
 
 
 @pytest.mark.parametrize("module", ["lm_head", "model.embed_tokens"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from skillpool.trainer.datasets import DatasetError, parse_jsonl, route_text
 
@@ -117,3 +119,33 @@ def test_an_imported_adapters_examples_may_leave_the_answer_out() -> None:
             jl({**inst, "output": " "}, {"messages": [{"role": "system", "content": "x"}]}), answers_optional=True
         )
     assert [(x.line, x.field) for x in e.value.errors] == [(1, "output"), (2, "messages")]
+
+
+@given(
+    lone=st.sampled_from(["\ud800", "\udfff", "a\udc80b"]),
+    row=st.sampled_from(
+        [
+            ({"instruction": "I", "input": "X", "output": "Y"}, ["instruction", "input", "output"]),
+            ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}, []),
+        ]
+    ),
+    where=st.integers(0, 10),
+    line=st.integers(0, 4),
+)
+def test_a_string_that_is_not_text_is_a_bad_line_naming_its_field(
+    lone: str, row: tuple[dict, list[str]], where: int, line: int
+) -> None:
+    """A lone surrogate is valid JSON but no text (a tokenizer raises on it): wherever it sits, its line is bad."""
+    obj, fields = json.loads(json.dumps(row[0])), row[1]
+    if fields:
+        field = fields[where % len(fields)]
+        obj[field] += lone
+    else:
+        i = where % 2
+        obj["messages"][i]["content"] += lone
+        field = f"messages[{i}].content"
+    lines = [json.dumps({"instruction": "I", "input": str(n), "output": "Y"}) for n in range(5)]
+    lines[line] = json.dumps(obj)  # escaped, as any JSON writer sends it
+    with pytest.raises(DatasetError) as e:
+        parse_jsonl("\n".join(lines).encode())
+    assert [(x.line, x.field) for x in e.value.errors] == [(line + 1, field)]

@@ -103,11 +103,40 @@ def new_job_id() -> str:
     return "job-" + uuid.uuid4().hex[:20]
 
 
-class JobQueue(Protocol):
-    """What the API needs from a queue: LocalJobQueue (in-process) or RedisJobQueue (shared)."""
+@dataclass(frozen=True)
+class Room:
+    """How many jobs that have not ended (validating, queued or running) a queue admits: `limit` in all, and with
+    `per_key` at most that many of one owner (the jobs of callers without a key count as one owner's)."""
 
-    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job: ...
-    def add(self, job: Job) -> Job: ...
+    limit: int
+    per_key: int | None = None
+
+
+class QueueFull(Exception):
+    """A job not admitted: `pending` jobs have not ended, of the whole queue or (`per_key`) of the job's owner."""
+
+    def __init__(self, pending: int, room: Room, per_key: bool) -> None:
+        self.pending, self.room, self.per_key = pending, room, per_key
+        most = room.per_key if per_key else room.limit
+        whose = "of this key " if per_key else ""
+        super().__init__(f"{pending} training jobs {whose}are pending (at most {most})")
+
+
+def admits(room: Room, pending: list[str | None], owner: str | None) -> None:
+    """Raise QueueFull unless a job of `owner` fits beside `pending` (the owners of the jobs not ended)."""
+    if len(pending) >= room.limit:
+        raise QueueFull(len(pending), room, per_key=False)
+    if room.per_key is not None and (mine := pending.count(owner)) >= room.per_key:
+        raise QueueFull(mine, room, per_key=True)
+
+
+class JobQueue(Protocol):
+    """What the API needs from a queue: LocalJobQueue (in-process) or RedisJobQueue (shared). `room`: admit the job
+    only if it fits (QueueFull otherwise), checked and recorded in one step, so concurrent calls cannot overfill it;
+    a job `add`ed with room keeps its place when it is submitted."""
+
+    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig, room: Room | None = None) -> Job: ...
+    def add(self, job: Job, room: Room | None = None) -> Job: ...
     def update(self, job: Job) -> None: ...
     def get(self, job_id: str) -> Job | None: ...
     def list(self) -> list[Job]: ...

@@ -25,7 +25,7 @@ from skillpool.adapters_store.store import SkillRecord
 from ..config import TrainConfig
 from ..records import PENDING, TERMINAL, Example, JobStatus
 from .failures import describe
-from .job import SERVER_STOPPED, Job, Runner, run_job
+from .job import SERVER_STOPPED, Job, Room, Runner, admits, run_job
 from .reservations import NameReservations
 
 log = logging.getLogger(__name__)
@@ -105,9 +105,10 @@ class LocalJobQueue:
             return set(self._unsaved)
 
     # --- API ----------------------------------------------------------------------------------
-    def add(self, job: Job) -> Job:
+    def add(self, job: Job, room: Room | None = None) -> Job:
         """Record a job that is not queued yet (its files are being validated). StorageError: nothing recorded."""
         with self._lock:
+            self._admit(job, room)
             self._write(job)
             self._jobs[job.id] = job
         return job
@@ -129,13 +130,14 @@ class LocalJobQueue:
         """Whether the trainer thread runs; None once closed (stopped on purpose: not a dead trainer)."""
         return None if self._stopping.is_set() else self._thread.is_alive()
 
-    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig) -> Job:
+    def submit(self, job: Job, examples: list[Example], cfg: TrainConfig, room: Room | None = None) -> Job:
         """Queue a job. StorageError (disk full): nothing queued, the job as it was (not counted as pending). Once
         the queue is closing the job ends failed (server_stopped) instead: nothing would train it."""
         if self._stopping.is_set():
             self._finish(job, JobStatus.FAILED, *SERVER_STOPPED)
             return job
         with self._lock:
+            self._admit(job, room)
             before, events = job.status, len(job.events)
             job.status = JobStatus.QUEUED
             job.log("Files validated, moving job to queued state")
@@ -149,6 +151,13 @@ class LocalJobQueue:
             self._cancel[job.id] = threading.Event()
         self._queue.put((job, examples, cfg))
         return job
+
+    def _admit(self, job: Job, room: Room | None) -> None:
+        """QueueFull unless `job` fits in `room` (under self._lock: the check and the record are one step)."""
+        if room is not None:
+            admits(
+                room, [j.owner for j in self._jobs.values() if j.status not in TERMINAL and j.id != job.id], job.owner
+            )
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)

@@ -9,6 +9,8 @@ job whose lease expires (its worker was SIGKILLed, OOM-killed, cut off) goes bac
 any worker sweeps; each start counts as a try and a job that was started `max_tries` times fails with that
 reason. The job's data stays until the job ends, the queue depth is the two lists' lengths (nothing to leak),
 and a retried job first looks for a skill version its earlier try already wrote, so a version is written once.
+The jobs that have not ended are also in the `pending` hash with their owners: a job is admitted against the
+limits in the same script that records and queues it (_ADMIT), and leaves the hash in the step that ends it.
 
 A worker that is closed (`close`: its process is stopping) stops the job it trains at its next check and, while it
 still holds the lease, puts it back at the front of the queue at once; the start still counts as a try.
@@ -41,7 +43,7 @@ from ..config import TrainConfig, as_recorded_now
 from ..keys import DEFAULT_PREFIX, RedisKeys
 from ..records import TERMINAL, Example, JobStatus
 from .failures import describe
-from .job import Job, Runner, run_job
+from .job import Job, QueueFull, Room, Runner, run_job
 from .reservations import CREATION_GRACE_S, RELEASE_SCRIPT, RESERVE_SCRIPT
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,36 @@ for _, id in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
   end
 end
 return lost
+"""
+# KEYS: pending, job, jobs, skill, data, queue; ARGV: job id, owner, limit, per-key limit (0: none), job record key
+# prefix, record, created at, data ("": record the job, do not queue it). Admit the job if it fits beside the jobs
+# that have not ended (those whose record has ended or is gone leave the hash here too), then record it, and queue
+# it with its data, all in one step: two servers' uploads cannot both take the last place.
+_ADMIT = """
+local n, mine = 0, 0
+local pending = redis.call('HGETALL', KEYS[1])
+for i = 1, #pending, 2 do
+  local id, owner = pending[i], pending[i + 1]
+  local raw = redis.call('GET', ARGV[5] .. id)
+  local status = raw and cjson.decode(raw)['status']
+  if not status or status == 'succeeded' or status == 'failed' or status == 'cancelled' then
+    redis.call('HDEL', KEYS[1], id)
+  elseif id ~= ARGV[1] then
+    n = n + 1
+    if owner == ARGV[2] then mine = mine + 1 end
+  end
+end
+if n >= tonumber(ARGV[3]) then return {0, n} end
+if tonumber(ARGV[4]) > 0 and mine >= tonumber(ARGV[4]) then return {-1, mine} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[6])
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[1])
+redis.call('PERSIST', KEYS[4])
+if ARGV[8] ~= '' then
+  redis.call('SET', KEYS[5], ARGV[8])
+  redis.call('RPUSH', KEYS[6], ARGV[1])
+end
+return {1, n}
 """
 # KEYS: lease; ARGV: worker id, lease ms. Renew only a lease this worker still holds.
 _RENEW = """
@@ -97,8 +129,10 @@ class RedisJobQueue:
         self.runner, self.on_success, self.on_finish = runner, on_success, on_finish
         self.lease_s, self.max_tries = lease_s, max_tries
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        scripts = (_CLAIM, _SWEEP, _RENEW, RESERVE_SCRIPT, RELEASE_SCRIPT)
-        self._claim, self._sweep, self._renew, self._reserve, self._release = map(self.r.register_script, scripts)
+        scripts = (_CLAIM, _SWEEP, _RENEW, RESERVE_SCRIPT, RELEASE_SCRIPT, _ADMIT)
+        self._claim, self._sweep, self._renew, self._reserve, self._release, self._admit = map(
+            self.r.register_script, scripts
+        )
         self._closed = threading.Event()
         self._worker: threading.Thread | None = None
         if runner is not None:
@@ -131,14 +165,31 @@ class RedisJobQueue:
         return int(queued), int(claimed)
 
     # --- API ----------------------------------------------------------------------------------
-    def add(self, job: Job) -> Job:
+    def add(self, job: Job, room: Room | None = None) -> Job:
         """Record a job that is not queued yet (its files are being validated)."""
+        if room is not None:
+            self._admitted(job, room, None)
+            return job
         with self.r.pipeline() as pipe:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.zadd(self.keys.jobs, {job.id: job.created_at})
+            pipe.hset(self.keys.pending, job.id, job.owner or "")
             pipe.persist(self.keys.skill(job.skill))  # recorded: the name is held until the job ends
             pipe.execute()
         return job
+
+    def _admitted(self, job: Job, room: Room, data: str | None) -> None:
+        """Record `job` (and with `data`, queue it) if it fits in `room`, in one script; QueueFull otherwise."""
+        keys = self.keys
+        record = json.dumps(job.to_dict())
+        args: builtins.list[str | int | float] = [job.id, job.owner or "", room.limit, room.per_key or 0]
+        args += [keys.job(""), record, job.created_at, data or ""]
+        admitted, count = self._admit(
+            keys=[keys.pending, keys.job(job.id), keys.jobs, keys.skill(job.skill), keys.data(job.id), keys.queue],
+            args=args,
+        )
+        if int(admitted) != 1:
+            raise QueueFull(int(count), room, per_key=int(admitted) == -1)
 
     def update(self, job: Job) -> None:
         if job.status not in TERMINAL:
@@ -146,6 +197,7 @@ class RedisJobQueue:
             return
         with self.r.pipeline() as pipe:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
+            pipe.hdel(self.keys.pending, job.id)
             self._release(keys=[self.keys.skill(job.skill)], args=[job.id], client=pipe)
             pipe.execute()
 
@@ -163,14 +215,25 @@ class RedisJobQueue:
             return None
         return self._worker.is_alive()
 
-    def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> Job:
+    def submit(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig, room: Room | None = None) -> Job:
+        before, events = job.status, len(job.events)
         job.status = JobStatus.QUEUED
         job.log("Files validated, moving job to queued state")
+        data = json.dumps({"examples": examples, "config": cfg.to_dict()})
+        if room is not None:
+            try:
+                self._admitted(job, room, data)
+            except QueueFull:
+                job.status = before
+                del job.events[events:]
+                raise
+            return job
         with self.r.pipeline() as pipe:  # MULTI/EXEC: a job is queued whole or not at all
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.zadd(self.keys.jobs, {job.id: job.created_at})
-            pipe.set(self.keys.data(job.id), json.dumps({"examples": examples, "config": cfg.to_dict()}))
+            pipe.set(self.keys.data(job.id), data)
             pipe.rpush(self.keys.queue, job.id)
+            pipe.hset(self.keys.pending, job.id, job.owner or "")
             pipe.persist(self.keys.skill(job.skill))
             pipe.execute()
         return job
@@ -201,6 +264,7 @@ class RedisJobQueue:
         with self.r.pipeline() as pipe:
             pipe.set(self.keys.job(job.id), json.dumps(job.to_dict()))
             pipe.lrem(self.keys.processing, 0, job.id)
+            pipe.hdel(self.keys.pending, job.id)
             pipe.delete(self.keys.data(job.id), self.keys.lease(job.id), self.keys.cancel(job.id))
             self._release(keys=[self.keys.skill(job.skill)], args=[job.id], client=pipe)
             pipe.execute()

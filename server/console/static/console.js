@@ -46,7 +46,7 @@ function refuse(message) {
 }
 
 function activate(name, arg) {
-  if (!VIEWS[name]) name = "skills";
+  if (!Object.hasOwn(VIEWS, name)) name = "skills"; // own views only: "#constructor" names no view
   ctx.active = name;
   for (const [view, module] of Object.entries(VIEWS)) {
     const on = view === name;

@@ -1,7 +1,8 @@
 """Resident skills for exact mixes on vLLM: each skill version is one pinned LoRA slot, shared by every mix.
 
 A request acquires all its skills before it is handed to vLLM: resident ones gain a reference, missing ones are
-written once (a scaling-1 PEFT folder, s_i folded into B) and loaded with `add_lora` + `pin_lora`, evicting idle
+written once (a scaling-1 PEFT folder, s_i folded into B: read from the adapter store before any resident is
+touched, so a store that fails the read evicts nothing) and loaded with `add_lora` + `pin_lora`, evicting idle
 residents in segmented-LRU order (../slru.py: those used once before those used again). When every slot is held by running requests, it waits (FIFO on a condition)
 rather than overfill vLLM's `max_loras`. A retired version serves no new or waiting request (KeyError → 404),
 and leaves vLLM once its last running request ends. Everything here runs on the engine's event loop.
@@ -10,6 +11,7 @@ and leaves vLLM once its last running request ends. Everything here runs on the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import shutil
@@ -63,6 +65,7 @@ class SkillSlots:
         self._retired: set[str] = set()
         self._changed: asyncio.Condition | None = None
         self._loading: set[asyncio.Future[None]] = set()
+        self._fetching: dict[str, asyncio.Future[None]] = {}  # folders being written from the store, by key
         self._leaving: set[asyncio.Future[None]] = set()  # unloads a new load waits for: vLLM's slots stay <= max
 
     def __len__(self) -> int:
@@ -82,6 +85,7 @@ class SkillSlots:
         wanted = list(dict.fromkeys(keys))
         if len(wanted) > self.slots:
             raise ValueError(f"a mix of {len(wanted)} skills needs more than this engine's {self.slots} LoRA slots")
+        await self._fetch(wanted)
         async with self.changed:
             while True:
                 self._check_live(wanted)
@@ -123,6 +127,8 @@ class SkillSlots:
             r = self._residents.get(key)
             if r is not None and r.refs == 0:
                 self._evict(r)
+            elif r is None and key not in self._fetching:  # written for a request that never got a slot
+                shutil.rmtree(self.folder / key, ignore_errors=True)
             self.changed.notify_all()
 
     async def request(
@@ -146,9 +152,25 @@ class SkillSlots:
                 raise KeyError(f"skill version {k} was retired")
             self._loader(k)  # KeyError once retired
 
+    async def _fetch(self, keys: Sequence[str]) -> None:
+        """Write the folders of the keys not resident (once however many requests want one at a time), before a
+        slot is freed for them: what the store cannot give fails this request and leaves the residents be."""
+        self._check_live(keys)
+        for key in keys:
+            if key in self._residents:
+                continue
+            task = self._fetching.get(key)
+            if task is None:
+                task = self._fetching[key] = asyncio.ensure_future(asyncio.to_thread(self._write, key))
+                task.add_done_callback(functools.partial(self._fetched, key))
+            await asyncio.shield(task)
+
+    def _fetched(self, key: str, _: asyncio.Future[None]) -> None:
+        self._fetching.pop(key, None)
+
     async def _bring_in(self, r: Resident) -> None:
         try:
-            await asyncio.to_thread(self._write, r)
+            await asyncio.to_thread(self._write, r.key)  # written by _fetch already, unless removed since
             await asyncio.gather(*self._leaving, return_exceptions=True)
             await self._load(r)
             r.ready.set_result(None)
@@ -159,15 +181,16 @@ class SkillSlots:
                 del self._residents[r.key]
                 self._order.discard(r.key)
 
-    def _write(self, r: Resident) -> None:
-        if r.folder.exists():
+    def _write(self, key: str) -> None:
+        folder = self.folder / key
+        if folder.exists():
             return
-        adapter = self._loader(r.key)()
+        adapter = self._loader(key)()
         # the hooks weight vLLM's LoRA linears per token; its embedding and logits layers take one adapter a row
         unweighted = sorted(p for p in adapter.modules if p.rsplit(".", 1)[-1] in UNWEIGHTED)
         if unweighted:
-            raise ValueError(f"skill {r.key} adapts {unweighted[0]}, which exact mixes on vLLM cannot weight")
-        write_concat(concat_mix([(adapter, 1.0)]), r.folder, self.base_model_id)
+            raise ValueError(f"skill {key} adapts {unweighted[0]}, which exact mixes on vLLM cannot weight")
+        write_concat(concat_mix([(adapter, 1.0)]), folder, self.base_model_id)
 
     def _evict(self, r: Resident) -> None:
         del self._residents[r.key]
