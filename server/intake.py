@@ -148,8 +148,9 @@ def train_config(
     where = param or (lambda name: f"{f.config}.{name}")
     try:
         cfg = TrainConfig.from_dict(config_values(values, f))
-    except ConfigError as e:
-        raise APIError(400, str(e), where(e.param.removeprefix("config.")), f.config_code) from None
+    except ConfigError as e:  # a check across fields names the config itself, not a field of it
+        field = f.config if e.param == "config" else where(e.param.removeprefix("config."))
+        raise APIError(400, str(e), field, f.config_code) from None
     loosened = cfg.gate_loosened()
     if loosened and (why := denial(caller, "admin")) is not None:
         status, _, code = why

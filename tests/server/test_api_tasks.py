@@ -32,6 +32,7 @@ def test_bad_uploads_are_rejected_and_nothing_is_stored(client: TestClient, comp
         ({"name": "auto"}, "name", "invalid_name"),
         ({"name": "s", "config": '{"rank": -1}'}, "config.rank", None),
         ({"name": "s", "config": "{"}, "config", None),
+        ({"name": "s", "config": '{"epochs": 101}'}, "config", None),  # a limit across fields: the config itself
         # `$` would let a trailing newline through; the name then breaks every routed request
         ({"name": "abc\n"}, "name", "invalid_name"),
         # json.loads takes NaN: refused now, not a 500 in the trainer later
