@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
 
 from .detokenize import TextStream
 from .kv import KVBatch
+from .logits import Pick, adjust, finite_rows, pick
 from .prefix import PrefixCache
-from .protocol import EngineEvent, EngineRequest, Mix
+from .protocol import EngineEvent, EngineRequest, Mix, TokenLogprob
 
 log = logging.getLogger(__name__)
 Sink = Callable[[EngineEvent], None]
@@ -35,9 +36,27 @@ class Row:
     out: int = 0  # completion tokens so far
     last: int = -1  # the newest token, the next decode step's input
     finished: bool = False
+    index: int = 0  # which of the request's n choices (the row of choice 0 prefills the prompt for all)
+    answer: list[int] = field(default_factory=list)  # the tokens generated so far (the penalties count them)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # since the last event, to go with the next
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # to go with the first event, then None
+    sent: bool = False  # whether an event went out
 
     def send(self, ev: EngineEvent) -> None:
+        first = not self.sent
+        self.sent = True
+        ev = replace(ev, index=self.index, logprobs=tuple(self.logprobs))
+        if first and self.prompt_logprobs is not None:
+            ev = replace(ev, prompt_logprobs=self.prompt_logprobs)
+        self.logprobs.clear()
         deliver(self.sink, ev, self.req.request_id)
+
+    def choice(self, index: int, text: TextStream, gen: torch.Generator | None) -> Row:
+        """Choice `index` of this row's request once its prompt is prefilled: the same prompt, mix and place, its
+        own text, generator and answer."""
+        return replace(
+            self, text=text, gen=gen, index=index, answer=[], logprobs=[], prompt_logprobs=self.prompt_logprobs
+        )
 
     def look_up(self, resolve: Callable[[Mix], Mix], prefix: PrefixCache) -> None:
         """Find the longest cached prefix once, before admission (the step's token budget counts the rest)."""
@@ -48,7 +67,8 @@ class Row:
         except KeyError:  # its admission will fail with this error
             self.past_mix = Mix.base()
             return
-        self.past_len, self.past = prefix.lookup(self.past_mix, self.req.prompt_ids)
+        if self.req.params.prompt_logprobs is None:  # the cache keeps no logits: such a prompt is computed whole
+            self.past_len, self.past = prefix.lookup(self.past_mix, self.req.prompt_ids)
 
     def check_past(self) -> None:
         """After admission: a skill re-added since the lookup means the prefix was computed with its old version."""
@@ -71,36 +91,14 @@ def deliver(sink: Sink, ev: EngineEvent, request_id: str) -> None:
         log.warning("could not deliver an event of %s", request_id)
 
 
-def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
-    """The next token of each row: greedy, or sampled with the row's own temperature, top-p and generator.
-    None for a row whose logits or probabilities are not finite: that row fails alone, its batch-mates go on."""
-    # A NaN or an inf anywhere in a row shows in its max or min: two reductions, where isfinite(logits).all()
-    # and argmax each cost several times more over a vocabulary (max's index is the first maximum, as argmax's).
-    top, greedy_t = logits.max(dim=-1)
-    finite = (torch.isfinite(top) & torch.isfinite(logits.amin(dim=-1))).tolist()
-    greedy = greedy_t.tolist()
-    out: list[int | None] = []
-    for i, s in enumerate(rows):
-        p = s.req.params
-        if not finite[i]:
-            out.append(None)
-        elif p.greedy or s.gen is None:
-            out.append(int(greedy[i]))
-        else:
-            out.append(_draw(logits[i], p.temperature, p.top_p, s.gen))
-    return out
-
-
-def _draw(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int | None:
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < top_p
-        keep[0] = True  # the top token always: a top_p below float32's smallest number would keep none
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
-    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
-        return None
-    return int(torch.multinomial(probs, 1, generator=gen)[0])
+def sample(logits: torch.Tensor, rows: Sequence[Row], eos_ids: Iterable[int] = ()) -> list[Pick | None]:
+    """The next token of each row (logits.py): its sampling options applied, then greedy or drawn with its own
+    generator, with its logprobs where it asks. None for a row whose logits are not finite: that row fails alone,
+    its batch-mates go on."""
+    params = [s.req.params for s in rows]
+    finite = finite_rows(logits)
+    adjusted = adjust(logits, params, [s.answer for s in rows], [s.req.prompt_ids for s in rows], eos_ids)
+    return pick(logits, adjusted, params, [s.gen for s in rows], finite)
 
 
 def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row]]:
@@ -108,7 +106,8 @@ def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row
     longest, and on a CPU prefill is compute-bound (a 44-token prompt beside a 442-token one would cost ten
     times over)."""
     buckets: list[list[Row]] = []
-    for s in sorted(group, key=lambda s: s.todo):
+    alone = [[s] for s in group if s.req.params.prompt_logprobs is not None]  # logits at every position: alone
+    for s in sorted((s for s in group if s.req.params.prompt_logprobs is None), key=lambda s: s.todo):
         if buckets:
             b = [*buckets[-1], s]
             total = sum(x.todo for x in b)
@@ -116,7 +115,7 @@ def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row
                 buckets[-1] = b
                 continue
         buckets.append([s])
-    return buckets
+    return buckets + alone
 
 
 def prefill_inputs(
