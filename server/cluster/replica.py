@@ -232,7 +232,7 @@ class EngineReplica:
                 finished = choices.over(ev)
                 yield ev
         finally:
-            if not finished:  # the ingress cancelled the stream (its client went away): free the slot
+            if not finished or choices.cut:  # the ingress cancelled the stream, or a choice failed: free the slot
                 self.engine.abort(request.request_id)
 
     def _report(self) -> dict[str, Any]:

@@ -129,10 +129,12 @@ class Choices:
 
     def __init__(self, n: int) -> None:
         self.left = set(range(n))
+        self.cut = False  # an error ended the request while other choices still ran: they must be aborted
 
     def over(self, ev: EngineEvent) -> bool:
         """Count the event; True when it is the request's last."""
         if ev.finish_reason == "error":
+            self.cut = bool(self.left - {ev.index})
             self.left.clear()
         elif ev.finish_reason is not None:
             self.left.discard(ev.index)
@@ -231,5 +233,5 @@ class StreamsEvents:
                 if finished:
                     return
         finally:
-            if not finished:  # the consumer went away (client disconnected): free the slot
+            if not finished or choices.cut:  # the consumer went away, or one choice failed: free the rest
                 self.abort(request.request_id)
