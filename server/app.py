@@ -1,22 +1,28 @@
-"""FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics), chat/,
-tasks/, models_api (models, retire, rollback), finetune (files, jobs) and admin_api."""
+"""FastAPI app: the routes over the components (components.py), installed from health_api (/healthz, /metrics),
+chat/, completions/, responses/, tokenize_api, tasks/, models_api (models, retire, rollback), finetune (files, jobs)
+and admin_api; around them the request ids and the access log (request_ids.py) and, when asked, CORS."""
 
 from __future__ import annotations
 
 import logging
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
-from . import console_api, health_api, models_api
+from . import console_api, health_api, models_api, tokenize_api
 from .admin_api import install_admin
 from .auth import KeyRing
 from .chat import api_router as chat_api
+from .completions import api_router as completions_api
 from .components import Components
+from .config import allowed_origins
 from .console import install_console
 from .errors import install_handlers
 from .finetune import files_api, jobs_api
 from .limits import BodyLimit
 from .middleware import AuthAndCount
+from .request_ids import HEADER, RequestIds
+from .responses import api_router as responses_api
 from .tasks import api_router as tasks_api
 
 log = logging.getLogger(__name__)
@@ -34,9 +40,21 @@ def create_app(c: Components, keys: KeyRing | None = None) -> FastAPI:
     install_console(app)  # the web page at /console, over the APIs below
     app.add_middleware(BodyLimit, upload_bytes=c.cfg.max_upload_bytes, request_bytes=c.cfg.max_request_bytes)
     app.add_middleware(AuthAndCount, keys=keys, metrics=c.metrics, templates=lambda: list(app.openapi()["paths"]))
+    if origins := allowed_origins(c.cfg.allowed_origins):  # outside the keys: a preflight carries no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=[HEADER.decode(), "x-skillpool-route", "retry-after"],
+        )
+    app.add_middleware(RequestIds)  # outermost: every response has its id, refusals and preflights too
 
     app.include_router(health_api.api)
     app.include_router(chat_api.api)
+    app.include_router(completions_api.api)
+    app.include_router(responses_api.api)
+    app.include_router(tokenize_api.api)
     app.include_router(tasks_api.api)
     app.include_router(models_api.api)
     app.include_router(files_api.api)

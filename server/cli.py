@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower())
+        # the access log is ours (request_ids.py): each line ends with the request's x-request-id
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=args.log_level.lower(), access_log=False)
     finally:
         components.close()
     return 0

@@ -9,6 +9,7 @@ from the field; the router's settings come from skillpool.router.flags, which wo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import typing
 from collections.abc import Callable
@@ -78,6 +79,26 @@ def gpu_share(text: str) -> float:
     if not (0 < value <= 1 or (value.is_integer() and 1 <= value <= 64)):
         raise argparse.ArgumentTypeError(f"must be in (0, 1] or a whole number of GPUs, not {text}")
     return value
+
+
+def allowed_origins(flag: str | None) -> list[str]:
+    """--allowed-origins: comma-separated origins, or a JSON list as vLLM takes them; none by default."""
+    text = (flag or "").strip()
+    if not text.startswith("["):
+        return [o.strip() for o in text.split(",") if o.strip()]
+    try:
+        origins = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not a JSON list: {e}") from None
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise argparse.ArgumentTypeError("a JSON list of origins must hold strings only")
+    return [o.strip() for o in origins if o.strip()]
+
+
+def origins_flag(text: str) -> str:
+    """--allowed-origins as given, once it reads as origins."""
+    allowed_origins(text)
+    return text
 
 
 def option(default: Any, help: str, *names: str, **kw: Any) -> Any:
@@ -246,6 +267,12 @@ class ServerConfig:
         None, "with --replicas on CUDA: GPUs per engine replica (default 1; 0.25 puts four on one GPU)", parse=gpu_share
     )
     router: RouterSettings = field(default_factory=RouterSettings)  # flags: skillpool.router.flags
+    allowed_origins: str | None = option(  # limits and keys
+        None,
+        "origins a web page may call this server from (CORS, with preflight answered): comma-separated, or a JSON "
+        "list as vLLM takes it; * for any origin. Default: none (browsers refuse other origins' calls)",
+        parse=origins_flag,
+    )
 
     @classmethod
     def add_cli_args(cls, p: argparse.ArgumentParser) -> None:

@@ -107,7 +107,13 @@ def test_streaming_shape(client: TestClient) -> None:
             "max_tokens",
             "context_length_exceeded",
         ),
-        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "unsupported_parameter"),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "n", "invalid_value"),
+        (
+            {"model": "auto", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"49152": 5}},
+            400,
+            "logit_bias",
+            "invalid_value",
+        ),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400, "stop", None),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": ["x" * 257]}, 400, "stop", None),
         (
