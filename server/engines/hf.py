@@ -385,20 +385,20 @@ class HFEngine(Prefill, StreamsEvents):
     # --- events -----------------------------------------------------------------------------------
     def _push(self, s: Row, picked: Pick | None) -> bool:
         """Record one sampled token and emit its text; False when the row is finished (None: no token could be
-        sampled from its logits, and it ends with its own error). The end of sequence is no completion token:
-        neither counted nor given a logprob."""
+        sampled from its logits, and it ends with its own error). The end of sequence is no completion token (not
+        counted), but its logprob goes out with the last event, as vLLM's does (a loglikelihood needs it)."""
         if picked is None:
             self._finish(s, "error", error="the model produced non-finite logits for this request")
             return False
         token, p = picked.token, s.req.params
+        if picked.logprob is not None:
+            s.logprobs.append(picked.logprob)
         if token in self.eos_ids and not p.ignore_eos:
             self._finish(s, "stop", text=s.text.finish())
             return False
         s.out += 1
         s.last = token
         s.answer.append(token)
-        if picked.logprob is not None:
-            s.logprobs.append(picked.logprob)
         delta, stopped = s.text.push(token, stops=s.out > p.min_tokens)  # vLLM's: no stop string before min_tokens
         if stopped:
             self._finish(s, "stop", text=delta)

@@ -118,7 +118,8 @@ class EngineEvent:
     not_found: bool = False  # with an error: a skill of the mix is not served (retired since routing): a 404
     unavailable: bool = False  # with an error: a skill's adapter could not be read from the adapter store: a 503
     index: int = 0  # the choice (0 to n - 1)
-    logprobs: tuple[TokenLogprob, ...] = ()  # with params.logprobs: one per completion token since the last event
+    logprobs: tuple[TokenLogprob, ...] = ()  # with params.logprobs: one per token since the last event, the end of
+    # sequence that ended the choice included (vLLM's too), though `tokens` does not count it
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # with params.prompt_logprobs, on a choice's first event:
     # one per prompt token after the first (the first has no context to be predicted from)
 

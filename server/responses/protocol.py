@@ -114,6 +114,8 @@ class ResponsesRequest(BaseModel):
     @field_validator("include", mode="before")
     @classmethod
     def _include(cls, include: Any) -> Any:
+        if include is not None and not isinstance(include, list):
+            raise invalid("include must be a list of strings", "include")
         for item in include or []:
             if item != LOGPROBS:
                 raise invalid(
@@ -200,7 +202,9 @@ def _tools(tools: Any, choice: Any) -> None:
 def _text_format(text: Any) -> None:
     if text is None:
         return
-    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        raise invalid("text must be an object", "text")
+    fmt = text.get("format")
     if fmt not in (None, {"type": "text"}):
         raise invalid("text.format: only {'type': 'text'} is supported", "text.format", "unsupported_parameter")
 

@@ -78,6 +78,19 @@ def test_echo_then_the_answer_with_its_logprobs(client: TestClient) -> None:
     assert plain["logprobs"]["token_logprobs"][0] == pytest.approx(max(greedy_first.values()))
 
 
+def test_loglikelihood_requests_get_a_logprob_for_the_generated_token_even_at_the_end(client: TestClient) -> None:
+    """lm-evaluation-harness asks max_tokens 1 with echo and drops the last logprob: there must be one, also when
+    the model ends the answer there (the end of sequence is no text, but it has its logprob, as in vLLM)."""
+    eos = client.get("/tokenizer_info").json()["eos_token"]
+    eos_id = client.post("/tokenize", json={"prompt": eos, "add_special_tokens": False}).json()["tokens"][0]
+    n = len(client.post("/tokenize", json={"prompt": PROMPT}).json()["tokens"])
+    for bias in ({}, {str(eos_id): 100}):
+        r = complete(client, echo=True, logprobs=1, max_tokens=1, logit_bias=bias).json()
+        lp = r["choices"][0]["logprobs"]
+        assert len(lp["token_logprobs"]) == n + 1 and lp["token_logprobs"][-1] <= 0
+    assert lp["tokens"][-1] == eos and r["choices"][0]["text"] == PROMPT and r["usage"]["completion_tokens"] == 0
+
+
 def test_a_long_prompt_prefilled_in_chunks_gets_the_same_logprobs(components, tiny_base) -> None:  # type: ignore[no-untyped-def]
     from skillpool.server.engines import EngineRequest, SamplingParams
     from skillpool.server.engines.hf import HFEngine

@@ -381,8 +381,9 @@ def test_a_frequency_penalty_changes_a_repetitive_answer(engine: HFEngine) -> No
 
 def test_min_tokens_and_logit_bias_steer_the_end(engine: HFEngine) -> None:
     eos = engine.tokenizer.eos_token_id
-    [ended] = collect_choices(engine, "Hi", logit_bias=((eos, 100.0),)).values()
+    [ended] = collect_choices(engine, "Hi", logit_bias=((eos, 100.0),), logprobs=0).values()
     assert answer(ended) == ("", "stop", 0)
+    assert [lp.token for e in ended for lp in e.logprobs] == [eos]  # not counted, but its logprob goes out
     [held] = collect_choices(engine, "Hi", logit_bias=((eos, 100.0),), min_tokens=3).values()
     assert answer(held)[1:] == ("stop", 3)
     [first] = collect_choices(engine, "Hi", max_tokens=1, logprobs=0).values()

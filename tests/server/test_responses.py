@@ -137,6 +137,8 @@ def test_the_stream_is_the_typed_events_and_adds_up_to_the_response(client: Test
         ({"temperature": -1}, "temperature", None),
         ({"top_logprobs": 21}, "top_logprobs", None),
         ({"include": ["reasoning.encrypted_content"]}, "include", "unsupported_parameter"),
+        ({"include": 5}, "include", None),
+        ({"text": "plain"}, "text", None),
         ({"truncation": "auto"}, "truncation", None),
         ({"model": "nope"}, "model", "model_not_found"),
     ],
