@@ -371,7 +371,9 @@ class VLLMEngine(StreamsEvents):
                         lora = LoRARequest(entry.name, entry.lora_id, str(entry.folder))
                 p = req.params
                 params = SamplingParams(
-                    n=p.n,  # vLLM's children: choice i seeded seed + i, sharing the prompt's cached KV
+                    # vLLM's children: choice i seeded seed + i, sharing the prompt's cached KV. Greedy choices are all
+                    # alike and vLLM refuses n > 1 for them: one is decoded and sent as each (same_as)
+                    n=1 if p.greedy else p.n,
                     max_tokens=p.max_tokens,
                     temperature=0.0 if p.greedy else p.temperature,  # as the hf engine
                     top_p=p.top_p,
@@ -403,8 +405,9 @@ class VLLMEngine(StreamsEvents):
             async for out in self.llm.generate(prompt, params, req.request_id, lora_request=lora):
                 if p.prompt_logprobs is not None and out.prompt_logprobs is not None and prompt_lps is None:
                     prompt_lps = _logprobs(out.prompt_logprobs[1:], req.prompt_ids[1:], p.prompt_logprobs)
-                for o in out.outputs:
-                    i, ids = o.index, list(o.token_ids)
+                same_as = range(p.n) if p.greedy else (None,)
+                for o, i in ((o, o.index if j is None else j) for o in out.outputs for j in same_as):
+                    ids = list(o.token_ids)
                     reason = o.finish_reason if o.finished() else None
                     lps = _logprobs(o.logprobs or [], ids, p.logprobs) if p.logprobs is not None else ()
                     if reason == "stop" and o.stop_reason is None and not p.ignore_eos and ids:

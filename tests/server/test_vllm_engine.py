@@ -235,3 +235,12 @@ def test_n_choices_each_end_once(vllm_engine) -> None:  # type: ignore[no-untype
     texts = ["".join(e.text for e in events if e.index == i) for i in range(3)]
     assert all(texts) and len(set(texts)) > 1
     assert {e.tokens for e in events if e.finish_reason} == {12}
+
+
+def test_greedy_choices_are_one_answer_sent_n_times(vllm_engine) -> None:  # type: ignore[no-untyped-def]
+    """vLLM refuses n > 1 without sampling; greedy choices are all alike, so one is decoded and sent as each."""
+    _, events = asyncio.run(collect(vllm_engine, PROMPTS[0], max_tokens=8, n=2, logprobs=1))
+    texts = ["".join(e.text for e in events if e.index == i) for i in range(2)]
+    assert texts[0] == texts[1] == answer(vllm_engine, PROMPTS[0], max_tokens=8)
+    assert sorted(e.index for e in events if e.finish_reason) == [0, 1]
+    assert [len([lp for e in events if e.index == i for lp in e.logprobs]) for i in range(2)] == [8, 8]
