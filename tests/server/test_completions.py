@@ -3,7 +3,6 @@ log-softmax of the same model), max_tokens 0, n, stop, seed, streaming, and each
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -11,7 +10,7 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
-from tests.server.test_api import assert_error
+from tests.server.test_api import assert_error, streamed
 
 PROMPT = "The capital of France is"
 # float32 on both sides, the same weights and tokens: the engine's padded, cached forward differs from one plain
@@ -136,33 +135,25 @@ def test_stop_ends_a_completion(client: TestClient) -> None:
 
 def test_streamed_equals_whole(client: TestClient) -> None:
     whole = complete(client, echo=True, logprobs=1, n=2, temperature=0.9, seed=3).json()
-    with client.stream(
-        "POST",
-        "/v1/completions",
-        json={
-            "model": "tiny-llama",
-            "prompt": PROMPT,
-            "max_tokens": 5,
-            "temperature": 0.9,
-            "seed": 3,
-            "n": 2,
-            "echo": True,
-            "logprobs": 1,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        },
-    ) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        lines = [ln for ln in r.iter_lines() if ln]
-    assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+    body = {
+        "model": "tiny-llama",
+        "prompt": PROMPT,
+        "max_tokens": 5,
+        "temperature": 0.9,
+        "seed": 3,
+        "n": 2,
+        "echo": True,
+        "logprobs": 1,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = streamed(client, "/v1/completions", body)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
     for c in whole["choices"]:
         mine = [ch["choices"][0] for ch in chunks if ch["choices"] and ch["choices"][0]["index"] == c["index"]]
         assert "".join(m["text"] for m in mine) == c["text"]
         assert [m["finish_reason"] for m in mine if m["finish_reason"]] == [c["finish_reason"]]
-        streamed = [v for m in mine if m["logprobs"] for v in m["logprobs"]["token_logprobs"]]
-        assert streamed == pytest.approx(c["logprobs"]["token_logprobs"])
+        lps = [v for m in mine if m["logprobs"] for v in m["logprobs"]["token_logprobs"]]
+        assert lps == pytest.approx(c["logprobs"]["token_logprobs"])
         offsets = [v for m in mine if m["logprobs"] for v in m["logprobs"]["text_offset"]]
         assert offsets == c["logprobs"]["text_offset"]
 
