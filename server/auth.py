@@ -43,7 +43,8 @@ API_KEY_NAME, ADMIN_KEY_NAME, METRICS_KEY_NAME = "api-key", "admin", "metrics"  
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 _READS = ("GET", "HEAD", "OPTIONS")
 _OWNED = ("/v1/files", "/v1/fine_tuning", "/tasks")  # records that belong to a key
-_OPEN_WRITES = ("/v1/chat/completions",)  # the only write a chat key (or, when open, no key) may make
+# the writes a chat key (or, when open, no key) may make: generation and tokenizing
+_OPEN_WRITES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize")
 _IMPORTS = ("/v1/skills/import", "/v1/load_lora_adapter")  # bring an adapter in: as an upload, a train key's
 # the console's reads (server.console_api): they show no request text, so they are not the admin's alone
 _POOL_READS = frozenset(f"/v1/skillpool/{p}" for p in ("whoami", "routing", "routing/accuracy", "routing/confusion"))

@@ -22,6 +22,7 @@ from .metrics import Metrics
 from .routing import RoutingStage
 from .routing_log import RoutingLog
 from .skills import SkillPool
+from .tokens import Vocabulary
 
 
 @dataclass
@@ -47,6 +48,11 @@ class Components:
     def routing_log(self) -> RoutingLog:
         """The `auto` requests routed over the last day, for the console (server.console_api)."""
         return RoutingLog()
+
+    @cached_property
+    def vocab(self) -> Vocabulary:
+        """The base model's tokenizer as the API shows it: completions' prompts, logprobs' tokens, /tokenize."""
+        return Vocabulary(self.base.path)
 
     def close(self) -> None:
         self.routing.close()

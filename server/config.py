@@ -10,6 +10,7 @@ Every setting's name is unique across concerns (it is the flag's dest), so `Serv
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,26 @@ def gpu_share(text: str) -> float:
     if not (0 < value <= 1 or (value.is_integer() and 1 <= value <= 64)):
         raise argparse.ArgumentTypeError(f"must be in (0, 1] or a whole number of GPUs, not {text}")
     return float(value)
+
+
+def allowed_origins(flag: str | None) -> list[str]:
+    """--allowed-origins: comma-separated origins, or a JSON list as vLLM takes them; none by default."""
+    text = (flag or "").strip()
+    if not text.startswith("["):
+        return [o.strip() for o in text.split(",") if o.strip()]
+    try:
+        origins = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not a JSON list: {e}") from None
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise argparse.ArgumentTypeError("a JSON list of origins must hold strings only")
+    return [o.strip() for o in origins if o.strip()]
+
+
+def origins_flag(text: str) -> str:
+    """--allowed-origins as given, once it reads as origins."""
+    allowed_origins(text)
+    return text
 
 
 @dataclass(frozen=True)
@@ -226,6 +247,12 @@ class HttpConfig:
         "with API keys, let anyone who reaches the port read /metrics (skill names, the job in training, routing "
         "counts). Default: it needs a key with role metrics or admin",
         negate="--open-metrics",
+    )
+    allowed_origins: str | None = option(
+        None,
+        "origins a web page may call this server from (CORS, with preflight answered): comma-separated, or a JSON "
+        "list as vLLM takes it; * for any origin. Default: none (browsers refuse other origins' calls)",
+        parse=origins_flag,
     )
 
 

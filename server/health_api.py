@@ -1,11 +1,12 @@
 """Health and metrics endpoints: GET /healthz (liveness: engine and routing alive; 503 otherwise), GET /readyz
-(readiness, with each check; the trainer is named but does not gate it; 503 once the server is stopping) and GET
-/metrics."""
+(readiness, with each check; the trainer is named but does not gate it; 503 once the server is stopping), GET
+/metrics, and vLLM's GET /health (an empty 200, or 503) and GET /version."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -29,6 +30,22 @@ async def healthz(request: Request) -> JSONResponse:
         **c.engine.stats(),
     }
     return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@api.get("/health")
+async def health(request: Request) -> Response:
+    """vLLM's liveness probe: an empty 200 while the engine and the routing stage live, else 503."""
+    c = components(request)
+    return Response(status_code=200 if c.engine.healthy() and c.routing.alive() else 503)
+
+
+@api.get("/version")
+async def server_version() -> JSONResponse:
+    try:
+        v = version("skillpool")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        v = "unknown"
+    return JSONResponse({"version": v})
 
 
 @api.get("/readyz")

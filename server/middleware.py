@@ -19,8 +19,9 @@ from .auth import METRICS, KeyRing, denial, required_role
 from .errors import envelope
 from .metrics import Metrics
 
-_GUARDED = ("/v1", "/tasks")
-_UNCOUNTED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes: not traffic
+_GUARDED = ("/v1", "/tasks", "/tokenize", "/detokenize", "/tokenizer_info")
+_UNCOUNTED = frozenset({"/healthz", "/readyz", "/metrics", "/health", "/version"})  # probes and scrapes: not traffic
+_JSON_ONLY = ("/v1", "/tokenize", "/detokenize")
 _MULTIPART = ("/tasks", "/v1/files", "/v1/skills/import")
 
 
@@ -28,7 +29,11 @@ def json_required(scope: Scope) -> bool:
     """Whether this request carries a body that must be JSON and is not declared so: a 415, before anything
     reads it (a web page can post text/plain to a local server without a CORS preflight)."""
     path = str(scope["path"])
-    if scope["method"] not in ("POST", "PUT", "PATCH") or not path.startswith("/v1") or path.startswith(_MULTIPART):
+    if (
+        scope["method"] not in ("POST", "PUT", "PATCH")
+        or not path.startswith(_JSON_ONLY)
+        or path.startswith(_MULTIPART)
+    ):
         return False
     headers = dict(scope["headers"])
     if headers.get(b"content-length", b"0") == b"0" and b"transfer-encoding" not in headers:

@@ -110,7 +110,12 @@ class DrainingServer(uvicorn.Server):
 def serve(app: Any, components: Components, host: str, port: int, log_level: str, timeout_s: float) -> int:
     """Run the app until a stop signal, then stop as the module says; the exit status."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=int(CONNECTIONS_GRACE_S)
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(CONNECTIONS_GRACE_S),
+        access_log=False,  # the access log is ours (request_ids.py): each line ends with the request's x-request-id
     )
     server = DrainingServer(config, app.state.drain, components, timeout_s)
     try:

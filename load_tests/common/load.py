@@ -45,9 +45,13 @@ class Load:
     """Streams requests and records, per request: TTFT, mean inter-token latency, end-to-end time, tokens."""
 
     def __init__(self, client: Any, max_tokens: int, extra: Any = None) -> None:
-        """`extra`: model -> more request fields, for a server that takes its adapters another way (llama.cpp)."""
+        """`extra`: model -> more request fields, for a server that takes its adapters another way (llama.cpp), or
+        for what a benchmark compares (logprobs)."""
         self.client, self.max_tokens, self.extra = client, max_tokens, extra
         self.routes: dict[str, str] = {}  # each prompt's last x-skillpool-route (what `auto` served it)
+
+    def seen(self, chunk: Any) -> None:
+        """Each streamed chunk, for a benchmark that checks what the answers carried."""
 
     def one(self, model: str, text: str, max_tokens: int | None = None) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -64,6 +68,7 @@ class Load:
         )
         self.routes[text] = raw.headers.get("x-skillpool-route", "")
         for chunk in raw.parse():
+            self.seen(chunk)
             if chunk.choices and chunk.choices[0].delta.content:
                 last = time.perf_counter()
                 first = first or last

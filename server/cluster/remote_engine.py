@@ -28,7 +28,7 @@ from skillpool.adapters_store.store import SkillRecord
 
 from ..engines import ConstraintError, EngineBusy, EngineDead, EngineEvent, EngineRequest, Mix, RequestTooLarge
 from ..engines.chat_template import ChatFront
-from ..engines.protocol import AdapterLoader
+from ..engines.protocol import AdapterLoader, Choices
 from .groups import SkillGroups
 from .hub import STALE_S
 from .replica import Refusal, WireRequest
@@ -121,13 +121,13 @@ class RemoteEngine(ChatFront):
             options["multiplexed_model_id"] = key
         stream = self.handle.options(**options).generate.remote(wire)
         self._streams[request.request_id] = stream
-        finished = False
+        finished, choices = False, Choices(request.params.n)
         try:
             async for item in stream:
                 if isinstance(item, Refusal):
                     finished = True
                     raise item.exception()
-                finished = item.finish_reason is not None
+                finished = choices.over(item)
                 yield item
                 if finished:
                     return

@@ -26,7 +26,7 @@ from skillpool.adapters_store.store import SkillStore
 from skillpool.lora.adapter import LoRAAdapter
 
 from ..engines import ConstraintError, Engine, EngineBusy, EngineDead, EngineEvent, EngineRequest, RequestTooLarge
-from ..engines.protocol import AdapterLoader
+from ..engines.protocol import AdapterLoader, Choices
 from .hub import POLL_S, Command, PollReply, hub_handle
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,9 @@ class Refusal:
 
 
 def merge(a: EngineEvent, b: EngineEvent) -> EngineEvent:
-    """Two consecutive events of one request as one: the text of both, the later count and ending."""
-    return replace(b, text=a.text + b.text)
+    """Two consecutive events of one choice as one: the text and logprobs of both, the later count and ending."""
+    prompt = a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs
+    return replace(b, text=a.text + b.text, logprobs=a.logprobs + b.logprobs, prompt_logprobs=prompt)
 
 
 def parse_key(key: str) -> tuple[str, int] | None:
@@ -223,16 +224,21 @@ class EngineReplica:
         except ConstraintError as e:
             yield Refusal("constraint", str(e))
             return
-        finished = False
+        finished, choices = False, Choices(request.params.n)
         try:
             while not finished:
                 ev = await events.get()
-                while ev.finish_reason is None and not events.empty():
-                    ev = merge(ev, events.get_nowait())
-                finished = ev.finish_reason is not None
+                while ev.finish_reason is None and not events.empty():  # what piled up: fewer, larger messages
+                    after = events.get_nowait()
+                    if after.index == ev.index:
+                        ev = merge(ev, after)
+                    else:  # another choice's: this one goes as it is
+                        yield ev
+                        ev = after
+                finished = choices.over(ev)
                 yield ev
         finally:
-            if not finished:  # the ingress cancelled the stream (its client went away): free the slot
+            if not finished or choices.cut:  # the ingress cancelled the stream, or a choice failed: free the slot
                 self.engine.abort(request.request_id)
 
     def _report(self) -> dict[str, Any]:

@@ -57,9 +57,10 @@ class TextStream:
         self.text = ""
         self.sent = 0  # chars of `text` already sent
 
-    def push(self, token: int) -> tuple[str, bool]:
-        """(text safe to send now, stopped): on a stop string the text before it is the rest of the answer."""
-        return self._grow(self.detok.push(token))
+    def push(self, token: int, stops: bool = True) -> tuple[str, bool]:
+        """(text safe to send now, stopped): on a stop string the text before it is the rest of the answer.
+        `stops` False: no stop string ends the answer yet (vLLM's min_tokens)."""
+        return self._grow(self.detok.push(token), stops)
 
     def finish(self) -> str:
         """The held-back rest when the answer ends for another reason (EOS, length)."""
@@ -70,12 +71,12 @@ class TextStream:
         self.sent = len(self.text)
         return delta + rest
 
-    def _grow(self, delta: str) -> tuple[str, bool]:
+    def _grow(self, delta: str, stops: bool = True) -> tuple[str, bool]:
         if not delta:
             return "", False
         start = max(0, len(self.text) - max((len(s) for s in self.stops), default=0))
         self.text += delta
-        for s in self.stops:
+        for s in self.stops if stops else ():
             at = self.text.find(s, start)
             if at != -1:
                 out = self.text[self.sent : at] if at > self.sent else ""

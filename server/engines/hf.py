@@ -36,9 +36,10 @@ from skillpool.runtime.openmp import as_compute_thread
 
 from .chat_template import ChatFront
 from .detokenize import TextStream
-from .grammar import Masks
+from .grammar import Masks, RowGrammar
 from .kv import KVBatch, cache_keyword, kv_dtype
 from .kv_budget import KVBudget
+from .logits import Pick
 from .packed import pack_linears
 from .prefill import Prefill
 from .prefix import PrefixCache
@@ -50,6 +51,7 @@ from .protocol import (
     EngineEvent,
     EngineRequest,
     RequestTooLarge,
+    SamplingParams,
     StreamsEvents,
 )
 from .residency import SkillResidency
@@ -296,33 +298,56 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
             keep = self._in_use() | reserved | set(needed)  # reserved: skills of rows admitted with this one
             if not self.skills.ensure(needed, keep):
                 return None
-            p = s.req.params
-            if p.constraint is not None:  # compiled when the request was prepared: a copy of its initial state
-                s.grammar = self.grammars.matcher(p.constraint)
-            if not p.greedy:
-                s.gen = torch.Generator(device=self.device)
-                if p.seed is not None:
-                    s.gen.manual_seed(p.seed % 2**64)
-                else:
-                    s.gen.seed()
+            s.grammar = self._grammar(s.req.params)  # compiled when the request was prepared: a copy of its start
+            s.gen = self._generator(s.req.params, 0)
         except Exception as e:  # this request alone fails (a skill retired since routing, a broken adapter)
-            why = {"not_found": isinstance(e, KeyError), "unavailable": isinstance(e, StoreUnavailable)}  # 404, 503
-            self._finish(s, "error", text="", error=str(e).strip("'\""), **why)
+            why = str(e).strip("'\"")  # a KeyError: 404; StoreUnavailable: 503
+            self._finish(s, "error", "", why, isinstance(e, KeyError), isinstance(e, StoreUnavailable))
             return False
         return True
 
+    def _grammar(self, p: SamplingParams) -> RowGrammar | None:
+        """A choice's own output grammar state, from the constraint compiled when the request was prepared."""
+        return self.grammars.matcher(p.constraint) if p.constraint is not None else None
+
+    def _generator(self, p: SamplingParams, index: int) -> torch.Generator | None:
+        """Choice `index`'s own generator (None when greedy): seeded with its choice seed, else at random."""
+        if p.greedy:
+            return None
+        gen = torch.Generator(device=self.device)
+        seed = p.choice_seed(index)
+        if seed is not None:
+            gen.manual_seed(seed % 2**64)
+        else:
+            gen.seed()
+        return gen
+
     # --- decode (prefill: prefill.py) ----------------------------------------------------------
     def _join(self, group: list[Row], kv: KVBatch, logits: torch.Tensor) -> None:
-        """Sample each new row's first token; rows that go on join the decode batch."""
-        tokens = sample(self.masks.apply(logits.float(), [s.grammar for s in group]), group)
-        keep = [i for i, (s, t) in enumerate(zip(group, tokens)) if self._push(s, t)]
+        """Sample each new row's first token; rows that go on join the decode batch. A request of n choices
+        becomes n rows here: its prompt was prefilled once, and each choice's row takes a copy of its KV."""
+        rows, source = [], []
+        for i, s in enumerate(group):
+            p = s.req.params
+            rows += [
+                s,
+                *(
+                    s.choice(j, TextStream(self.tokenizer, p.stop), self._generator(p, j), self._grammar(p))
+                    for j in range(1, p.n)
+                ),
+            ]
+            source += [i] * p.n
+        if len(rows) > len(group):
+            logits = logits[source]
+        picks = sample(logits.float(), rows, self.eos_ids, self.masks)
+        keep = [source[k] for k, (s, t) in enumerate(zip(rows, picks)) if self._push(s, t)]
         if not keep:
             return
         if self._kv is None:
             self._kv = kv.select(keep)  # a decode batch of its own: buffers with room to grow
         else:  # written into the batch's spare rows: no copy of its own first unless some rows ended already
-            self._kv = self._kv.merge(kv if len(keep) == len(group) else kv.select(keep))
-        self._running.extend(group[i] for i in keep)
+            self._kv = self._kv.merge(kv if keep == list(range(len(group))) else kv.select(keep))
+        self._running.extend(s for s in rows if not s.finished)
 
     def _decode(self) -> None:
         assert self._kv is not None
@@ -344,8 +369,7 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
         self._kv.stepped(mask)
         if self.on_step is not None:
             self.on_step(len(rows))
-        logits = self.masks.apply(out.logits[:, -1, :].float(), [s.grammar for s in rows])
-        for s, t in zip(rows, sample(logits, rows)):
+        for s, t in zip(rows, sample(out.logits[:, -1, :].float(), rows, self.eos_ids, self.masks)):
             if not s.finished:
                 self._push(s, t)
         self._drop_finished()
@@ -369,16 +393,20 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
             self._pending -= 1
 
     # --- events -----------------------------------------------------------------------------------
-    def _push(self, s: Row, token: int | None) -> bool:
+    def _push(self, s: Row, picked: Pick | None) -> bool:
         """Record one sampled token and emit its text; False when the row is finished (None: no token could be
-        sampled from its logits, and it ends with its own error)."""
-        if token is None:
+        sampled from its logits, and it ends with its own error). The end of sequence is no completion token (not
+        counted), but its logprob goes out with the last event, as vLLM's does (a loglikelihood needs it)."""
+        if picked is None:
             why = "the model produced non-finite logits"
             if s.grammar is not None:
                 why = f"no finite token the output constraint allows ({s.grammar.error or 'it allows none here'})"
             self._finish(s, "error", error=f"{why} for this request")
             return False
-        if token in self.eos_ids and not s.req.params.ignore_eos:
+        token, p = picked.token, s.req.params
+        if picked.logprob is not None:
+            s.logprobs.append(picked.logprob)
+        if token in self.eos_ids and not p.ignore_eos:
             self._finish(s, "stop", text=s.text.finish())
             return False
         if s.grammar is not None and not s.grammar.advance(token):
@@ -386,7 +414,8 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
             return False
         s.out += 1
         s.last = token
-        delta, stopped = s.text.push(token)
+        s.answer.append(token)
+        delta, stopped = s.text.push(token, stops=s.out > p.min_tokens)  # vLLM's: no stop string before min_tokens
         if stopped:
             self._finish(s, "stop", text=delta)
             return False
@@ -400,9 +429,17 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
             s.send(EngineEvent(text=delta, tokens=s.out))
         return True
 
-    def _finish(self, s: Row, reason: str, text: str = "", error: str | None = None, **why: bool) -> None:
+    def _finish(
+        self,
+        s: Row,
+        reason: str,
+        text: str = "",
+        error: str | None = None,
+        not_found: bool = False,
+        unavailable: bool = False,
+    ) -> None:
         if s.finished:
             return
         s.finished = True
-        self._aborted += reason == "abort"
-        s.send(EngineEvent(text=text, tokens=s.out, finish_reason=reason, error=error, **why))  # not_found, unavailable
+        self._aborted += reason == "abort" and s.index == 0  # a request, not each of its choices
+        s.send(EngineEvent(text, s.out, reason, error, not_found, unavailable))

@@ -64,8 +64,12 @@ class KVBudget:
         return cls(budget_bytes, per_token, prefix_tokens, max_context)
 
     def reservation(self, req: EngineRequest) -> int:
-        """The tokens a request may come to hold: its prompt and every token it may generate."""
+        """The tokens one row of a request may come to hold: its prompt and every token it may generate."""
         return min(len(req.prompt_ids) + req.params.max_tokens, self.max_context)
+
+    def reservations(self, req: EngineRequest) -> list[int]:
+        """A request's rows' reservations: one row per choice (n), each with its own copy of the prompt's KV."""
+        return [self.reservation(req)] * req.params.n
 
     def cost(self, reservations: Iterable[int]) -> int:
         """Row tokens these rows take at their peak: every row padded to the longest, twice during a copy."""
@@ -82,11 +86,12 @@ class KVBudget:
 
     def refusal(self, req: EngineRequest) -> str | None:
         """Why this request can never run here (None: it can, perhaps after waiting)."""
-        need = self.reservation(req)
-        if self.fits([need]):
+        need = self.reservations(req)
+        if self.fits(need):
             return None
+        n = f" for each of {len(need)} choices" if len(need) > 1 else ""
         return (
-            f"the prompt ({len(req.prompt_ids)} tokens) and max_tokens ({req.params.max_tokens}) need {need} tokens "
-            f"of KV cache; this server's KV budget holds at most {self.max_request} for one request "
-            "(--kv-cache-memory-bytes): lower max_tokens or shorten the messages"
+            f"the prompt ({len(req.prompt_ids)} tokens) and max_tokens ({req.params.max_tokens}) need {need[0]} tokens "
+            f"of KV cache{n}; this server's KV budget holds at most {self.max_request} for one request "
+            "(--kv-cache-memory-bytes): lower max_tokens or n, or shorten the messages"
         )

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache
 
 from .detokenize import TextStream
-from .grammar import RowGrammar
+from .grammar import Masks, RowGrammar
 from .kv import KVBatch
+from .logits import Pick, adjust, finite_rows, pick
 from .prefix import PrefixCache
-from .protocol import EngineEvent, EngineRequest, Mix
+from .protocol import EngineEvent, EngineRequest, Mix, TokenLogprob
 
 log = logging.getLogger(__name__)
 Sink = Callable[[EngineEvent], None]
@@ -37,9 +38,34 @@ class Row:
     last: int = -1  # the newest token, the next decode step's input
     finished: bool = False
     grammar: RowGrammar | None = None  # its output constraint's state: masks its logits, takes its tokens
+    index: int = 0  # which of the request's n choices (the row of choice 0 prefills the prompt for all)
+    answer: list[int] = field(default_factory=list)  # the tokens generated so far (the penalties count them)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # since the last event, to go with the next
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # to go with the first event, then None
+    sent: bool = False  # whether an event went out
 
     def send(self, ev: EngineEvent) -> None:
+        first = not self.sent
+        self.sent = True
+        ev = replace(ev, index=self.index, logprobs=tuple(self.logprobs))
+        if first and self.prompt_logprobs is not None:
+            ev = replace(ev, prompt_logprobs=self.prompt_logprobs)
+        self.logprobs.clear()
         deliver(self.sink, ev, self.req.request_id)
+
+    def choice(self, index: int, text: TextStream, gen: torch.Generator | None, grammar: RowGrammar | None) -> Row:
+        """Choice `index` of this row's request once its prompt is prefilled: the same prompt, mix and place, its
+        own text, generator, answer and output grammar's state."""
+        return replace(
+            self,
+            text=text,
+            gen=gen,
+            grammar=grammar,
+            index=index,
+            answer=[],
+            logprobs=[],
+            prompt_logprobs=self.prompt_logprobs,
+        )
 
     def look_up(self, resolve: Callable[[Mix], Mix], prefix: PrefixCache) -> None:
         """Find the longest cached prefix once, before admission (the step's token budget counts the rest)."""
@@ -50,7 +76,8 @@ class Row:
         except KeyError:  # its admission will fail with this error
             self.past_mix = Mix.base()
             return
-        self.past_len, self.past = prefix.lookup(self.past_mix, self.req.prompt_ids)
+        if self.req.params.prompt_logprobs is None:  # the cache keeps no logits: such a prompt is computed whole
+            self.past_len, self.past = prefix.lookup(self.past_mix, self.req.prompt_ids)
 
     def check_past(self) -> None:
         """After admission: a skill re-added since the lookup means the prefix was computed with its old version."""
@@ -73,39 +100,23 @@ def deliver(sink: Sink, ev: EngineEvent, request_id: str) -> None:
         log.warning("could not deliver an event of %s", request_id)
 
 
-def sample(logits: torch.Tensor, rows: Sequence[Row]) -> list[int | None]:
-    """The next token of each row: greedy, or sampled with the row's own temperature, top-p and generator.
-    None for a row whose logits or probabilities are not finite: that row fails alone, its batch-mates go on."""
-    # A NaN or an inf anywhere in a row shows in its max or min: two reductions, where isfinite(logits).all()
-    # and argmax each cost several times more over a vocabulary (max's index is the first maximum, as argmax's).
-    top, greedy_t = logits.max(dim=-1)
-    low = logits.amin(dim=-1)
-    # a constrained row's refused tokens are -inf (grammar.Masks checked its logits before): only a NaN is a fault
-    masked = torch.tensor([s.grammar is not None for s in rows], device=logits.device)
-    finite = (torch.isfinite(top) & torch.where(masked, ~torch.isnan(low), torch.isfinite(low))).tolist()
-    greedy = greedy_t.tolist()
-    out: list[int | None] = []
-    for i, s in enumerate(rows):
-        p = s.req.params
-        if not finite[i]:
-            out.append(None)
-        elif p.greedy or s.gen is None:
-            out.append(int(greedy[i]))
-        else:
-            out.append(_draw(logits[i], p.temperature, p.top_p, s.gen))
-    return out
-
-
-def _draw(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int | None:
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < top_p
-        keep[0] = True  # the top token always: a top_p below float32's smallest number would keep none
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
-    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
-        return None
-    return int(torch.multinomial(probs, 1, generator=gen)[0])
+def sample(
+    logits: torch.Tensor, rows: Sequence[Row], eos_ids: Iterable[int] = (), masks: Masks | None = None
+) -> list[Pick | None]:
+    """The next token of each row (logits.py): a constrained row's output grammar masks its logits first (`masks`,
+    as vLLM applies its grammar bitmask before the sampler), then its sampling options apply, then greedy or drawn
+    with its own generator, with its logprobs (of the raw logits) where it asks. None for a row whose logits are not
+    finite, or whose grammar allows no token here: that row fails alone, its batch-mates go on."""
+    params = [s.req.params for s in rows]
+    finite = finite_rows(logits)
+    grammars = [s.grammar for s in rows]
+    masked = logits
+    if masks is not None and any(g is not None for g in grammars):
+        masked = masks.apply(logits.clone(), grammars)  # a copy: the logprobs are the raw logits'
+        allows = torch.isfinite(masked.amax(dim=-1)).tolist()
+        finite = [f and (g is None or a) for f, g, a in zip(finite, grammars, allows)]
+    adjusted = adjust(masked, params, [s.answer for s in rows], [s.req.prompt_ids for s in rows], eos_ids)
+    return pick(logits, adjusted, params, [s.gen for s in rows], finite)
 
 
 def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row]]:
@@ -113,7 +124,8 @@ def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row
     longest, and on a CPU prefill is compute-bound (a 44-token prompt beside a 442-token one would cost ten
     times over)."""
     buckets: list[list[Row]] = []
-    for s in sorted(group, key=lambda s: s.todo):
+    alone = [[s] for s in group if s.req.params.prompt_logprobs is not None]  # logits at every position: alone
+    for s in sorted((s for s in group if s.req.params.prompt_logprobs is None), key=lambda s: s.todo):
         if buckets:
             b = [*buckets[-1], s]
             total = sum(x.todo for x in b)
@@ -121,7 +133,7 @@ def similar_lengths(group: list[Row], max_padding: float = 0.1) -> list[list[Row
                 buckets[-1] = b
                 continue
         buckets.append([s])
-    return buckets
+    return buckets + alone
 
 
 def prefill_inputs(

@@ -21,7 +21,8 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from skillpool.runtime.processes import DIE_WITH_PARENT
 from .chat_template import ChatFront
 from .protocol import (
     AdapterLoader,
+    Choices,
     Constraint,
     EngineBusy,
     EngineDead,
@@ -42,6 +44,7 @@ from .protocol import (
     EngineRequest,
     Mix,
     StreamsEvents,
+    TokenLogprob,
 )
 from .rows import Sink
 from .vllm_adapters import MixAdapter, MixCache, MixPlan, plan_mix, write_concat
@@ -57,20 +60,33 @@ HEARTBEAT_S = 1.0  # how often the engine loop proves it runs: its last-step age
 
 @dataclass
 class _Flight:
-    """One submitted request: its task on the engine loop, and whether its last event went out."""
+    """One submitted request: its task on the engine loop, and which of its choices' last events went out."""
 
     sink: Sink
+    n: int = 1
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
-    ended: bool = False
-    tokens: int = 0
+    tokens: dict[int, int] = field(default_factory=dict)  # completion tokens per choice
+    choices: Choices = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.choices = Choices(self.n)
+
+    @property
+    def ended(self) -> bool:
+        return not self.choices.left
 
     def emit(self, ev: EngineEvent) -> None:
-        self.ended = self.ended or ev.finish_reason is not None
+        self.choices.over(ev)
         try:
             self.sink(ev)
         except Exception:  # a sink whose event loop is gone must not break the engine loop
             log.warning("could not deliver an event")
+
+    def end_all(self, reason: str, error: str | None = None) -> None:
+        """The last event of every choice still going (an abort, or the engine stopping)."""
+        for i in sorted(self.choices.left):
+            self.emit(EngineEvent(tokens=self.tokens.get(i, 0), finish_reason=reason, error=error, index=i))
 
 
 class VLLMEngine(StreamsEvents, ChatFront):
@@ -193,7 +209,7 @@ class VLLMEngine(StreamsEvents, ChatFront):
                 raise EngineBusy(len(self._inflight) - self.max_num_seqs)
             if req.request_id in self._inflight:
                 raise ValueError(f"request id {req.request_id!r} is already running")
-            flight = self._inflight[req.request_id] = _Flight(sink)
+            flight = self._inflight[req.request_id] = _Flight(sink, req.params.n)
         self._loop.call_soon_threadsafe(self._start, req, flight)
 
     def abort(self, request_id: str) -> None:
@@ -330,9 +346,9 @@ class VLLMEngine(StreamsEvents, ChatFront):
         aborted = flight.cancelled and not flight.ended  # an abort after the last event changed nothing
         if not flight.ended:
             if flight.cancelled:
-                flight.emit(EngineEvent(tokens=flight.tokens, finish_reason="abort"))
+                flight.end_all("abort")
             else:
-                flight.emit(EngineEvent(tokens=flight.tokens, finish_reason="error", error="the vllm engine stopped"))
+                flight.end_all("error", "the vllm engine stopped")
         self._aborted += aborted
         with self._lock:
             self._inflight.pop(request_id, None)
@@ -362,12 +378,24 @@ class VLLMEngine(StreamsEvents, ChatFront):
                         lora = LoRARequest(entry.name, entry.lora_id, str(entry.folder))
                 p = req.params
                 params = SamplingParams(
+                    # vLLM's children: choice i seeded seed + i, sharing the prompt's cached KV. Greedy choices are all
+                    # alike and vLLM refuses n > 1 for them: one is decoded and sent as each (same_as)
+                    n=1 if p.greedy else p.n,
                     max_tokens=p.max_tokens,
                     temperature=0.0 if p.greedy else p.temperature,  # as the hf engine
                     top_p=p.top_p,
                     seed=None if p.seed is None else p.seed % 2**63,
                     stop=list(p.stop) or None,
                     ignore_eos=p.ignore_eos,
+                    presence_penalty=p.presence_penalty,
+                    frequency_penalty=p.frequency_penalty,
+                    repetition_penalty=p.repetition_penalty,
+                    logit_bias=dict(p.logit_bias) or None,
+                    top_k=p.top_k,
+                    min_p=p.min_p,
+                    min_tokens=p.min_tokens,
+                    logprobs=p.logprobs,  # vLLM's default logprobs_mode is raw_logprobs, as the hf engine's
+                    prompt_logprobs=p.prompt_logprobs,
                     output_kind=RequestOutputKind.DELTA,
                     extra_args=extra,
                     structured_outputs=structured(p.constraint),
@@ -385,19 +413,29 @@ class VLLMEngine(StreamsEvents, ChatFront):
             prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids))
             if salt is not None:
                 prompt["cache_salt"] = salt
+            opened: set[int] = set()  # choices whose first event went out (it carries the prompt's logprobs)
+            prompt_lps: tuple[TokenLogprob, ...] | None = None
             async for out in self.llm.generate(prompt, params, req.request_id, lora_request=lora):
-                o = out.outputs[0]
-                flight.tokens += len(o.token_ids)
-                reason = o.finish_reason if out.finished else None
-                if reason == "stop" and o.stop_reason is None and not p.ignore_eos and o.token_ids:
-                    flight.tokens -= 1  # vLLM counts the EOS token; the hf engine (and our usage) does not
-                if reason is not None and reason not in ("stop", "length", "abort"):
-                    reason = "stop"
-                if o.text or reason is not None:
-                    flight.emit(EngineEvent(text=o.text, tokens=flight.tokens, finish_reason=reason))
+                if p.prompt_logprobs is not None and out.prompt_logprobs is not None and prompt_lps is None:
+                    prompt_lps = _logprobs(out.prompt_logprobs[1:], req.prompt_ids[1:], p.prompt_logprobs)
+                same_as = range(p.n) if p.greedy else (None,)
+                for o, i in ((o, o.index if j is None else j) for o in out.outputs for j in same_as):
+                    ids = list(o.token_ids)
+                    reason = o.finish_reason if o.finished() else None
+                    lps = _logprobs(o.logprobs or [], ids, p.logprobs) if p.logprobs is not None else ()
+                    if reason == "stop" and o.stop_reason is None and not p.ignore_eos and ids:
+                        ids.pop()  # vLLM counts the EOS token; the hf engine (and our usage) does not (its logprob stays)
+                    flight.tokens[i] = flight.tokens.get(i, 0) + len(ids)
+                    if reason is not None and reason not in ("stop", "length", "abort"):
+                        reason = "stop"
+                    first = i not in opened
+                    if o.text or reason is not None or lps or (first and prompt_lps is not None):
+                        opened.add(i)
+                        ev = EngineEvent(o.text, flight.tokens[i], reason, index=i, logprobs=lps)
+                        flight.emit(replace(ev, prompt_logprobs=prompt_lps) if first else ev)
         except Exception as e:  # CancelledError (an abort) is no Exception: _ended reports it
             log.exception("vLLM request %s failed", req.request_id)
-            flight.emit(EngineEvent(tokens=flight.tokens, finish_reason="error", error=f"vLLM failed: {e}"))
+            flight.end_all("error", f"vLLM failed: {e}")
         finally:
             if held is not None:
                 self.mixes.release(held)
@@ -413,3 +451,15 @@ def structured(c: Constraint | None) -> Any:
 
     spec: Any = json.loads(c.spec) if c.kind == "choice" else c.spec
     return StructuredOutputsParams(**{c.kind: spec})
+
+
+def _logprobs(positions: Sequence[Any], tokens: Sequence[int], k: int | None) -> tuple[TokenLogprob, ...]:
+    """vLLM's logprobs (per position a dict of token id -> Logprob with its 1-based rank) as ours: each position's
+    token with its logprob and the k likeliest, likeliest first."""
+    out = []
+    for at, token in zip(positions, tokens):
+        if at is None or token not in at:
+            continue
+        ranked = sorted((lp.rank, t, lp.logprob) for t, lp in at.items() if lp.rank is not None and lp.rank <= (k or 0))
+        out.append(TokenLogprob(token, float(at[token].logprob), tuple((t, float(v)) for _, t, v in ranked)))
+    return tuple(out)

@@ -183,6 +183,21 @@ def chat_bodies(draw: st.DrawFn) -> dict[str, Any]:
     for key, values in [("temperature", numbers), ("top_p", numbers), ("max_tokens", integers), ("seed", integers)]:
         if draw(st.integers(0, 2)) == 0:  # each field in a third of the bodies: valid requests stay common
             body[key] = draw(values)
+    sampling = [
+        ("n", integers),
+        ("presence_penalty", numbers),
+        ("frequency_penalty", numbers),
+        ("repetition_penalty", numbers),
+        ("min_p", numbers),
+        ("top_k", integers),
+        ("min_tokens", integers),
+        ("top_logprobs", integers),
+        ("logprobs", st.one_of(st.booleans(), integers)),
+        ("logit_bias", st.dictionaries(st.one_of(integers.map(str), st.text(max_size=4)), numbers, max_size=3)),
+    ]
+    for key, values in sampling:
+        if draw(st.integers(0, 9)) == 0:  # each in a tenth of the bodies: requests with none of them stay common
+            body[key] = draw(values)
     body["stream"] = draw(st.booleans())
     return body
 

@@ -37,6 +37,15 @@ def assert_error(resp, status: int, param: str | None, code: str | None = None) 
     return err
 
 
+def streamed(client: TestClient, path: str, body: dict) -> list[dict]:
+    """The chunks of an SSE answer, after checking it is one and that it ends with [DONE]."""
+    with client.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+
+
 def test_health_and_models(client: TestClient) -> None:
     assert client.get("/healthz").json()["status"] == "ok"
     ready = client.get("/readyz")
@@ -63,22 +72,14 @@ def test_chat_without_skills_uses_base(client: TestClient) -> None:
 
 
 def test_streaming_shape(client: TestClient) -> None:
-    with client.stream(
-        "POST",
-        "/v1/chat/completions",
-        json={
-            "model": "tiny-llama",
-            "messages": [{"role": "user", "content": "Hi"}],
-            "stream": True,
-            "temperature": 0,
-            "max_tokens": 5,
-            "stream_options": {"include_usage": True},
-        },
-    ) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        lines = [ln for ln in r.iter_lines() if ln]
-    assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(ln.removeprefix("data: ")) for ln in lines[:-1]]
+    body = {
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "temperature": 0,
+        "max_tokens": 5,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = streamed(client, "/v1/chat/completions", body)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[0]["skillpool"]["reason"] == "base"
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
@@ -106,7 +107,13 @@ def test_streaming_shape(client: TestClient) -> None:
             "max_tokens",
             "context_length_exceeded",
         ),
-        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "unsupported_parameter"),
+        ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "n", "invalid_value"),
+        (
+            {"model": "auto", "messages": [{"role": "user", "content": "x"}], "logit_bias": {"49152": 5}},
+            400,
+            "logit_bias",
+            "invalid_value",
+        ),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400, "stop", None),
         ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "stop": ["x" * 257]}, 400, "stop", None),
         (

@@ -129,7 +129,8 @@ hosts = st.one_of(
     st.sampled_from(["evil.example", "evil.example:8443", "[::1]:9", "127.0.0.1:8000", "a@b.example", ""]),
     st.from_regex(r"[a-z0-9.-]{1,30}(:[0-9]{1,5})?", fullmatch=True),
 )
-queries = st.one_of(st.just(""), st.from_regex(r"[a-z0-9=&%]{1,20}", fullmatch=True))
+# text queries, escapes included (a query that is not UTF-8 text is a 400 before any redirect: test_request_text.py)
+queries = st.one_of(st.just(""), st.from_regex(r"([a-z0-9=&]|%[2-7][0-9A-F]){1,20}", fullmatch=True))
 
 
 @pytest.fixture(scope="module")

@@ -300,3 +300,127 @@ def test_the_kv_cache_goes_by_the_name_the_installed_forward_takes(engine: HFEng
             return input_ids
 
     assert cache_keyword(OldForward()) == "past_key_values"
+
+
+def collect_choices(engine: HFEngine, prompt: str, **kw) -> dict[int, list[EngineEvent]]:  # type: ignore[no-untyped-def]
+    """A request's events by choice, once every choice has ended."""
+    done, events = threading.Event(), []
+    params = SamplingParams(**{"max_tokens": 12, "temperature": 0.0, **kw})
+    left = set(range(params.n))
+
+    def sink(ev: EngineEvent) -> None:
+        events.append(ev)
+        if ev.finish_reason is not None:
+            left.discard(ev.index)
+            if not left or ev.finish_reason == "error":
+                done.set()
+
+    ids = engine.encode_chat([{"role": "user", "content": prompt}])
+    engine.submit(EngineRequest(f"c{next(_ids)}", ids, params), sink)
+    assert done.wait(60), "request did not finish"
+    out: dict[int, list[EngineEvent]] = {}
+    for ev in events:
+        out.setdefault(ev.index, []).append(ev)
+    return out
+
+
+def answer(evs: list[EngineEvent]) -> tuple[str, str | None, int]:
+    return "".join(e.text for e in evs), evs[-1].finish_reason, evs[-1].tokens
+
+
+def test_n_choices_prefill_the_prompt_once_and_each_samples_with_its_own_seed(engine: HFEngine) -> None:
+    prefills = []
+    forward = engine.model.forward
+
+    def counting(*args, **kw):  # type: ignore[no-untyped-def]
+        ids = kw.get("input_ids")
+        if ids is not None and ids.shape[1] > 1:
+            prefills.append(ids.shape)
+        return forward(*args, **kw)
+
+    engine.model.forward = counting  # type: ignore[method-assign]
+    try:
+        choices = collect_choices(engine, "Tell me a story", n=4, temperature=1.2, seed=40, max_tokens=10)
+    finally:
+        del engine.model.forward
+    assert len(prefills) == 1 and prefills[0][0] == 1  # one prompt row, prefilled once for the four choices
+    assert sorted(choices) == [0, 1, 2, 3]
+    texts = [answer(choices[i]) for i in range(4)]
+    assert len({t for t, _, _ in texts}) == 4  # four different samples
+    for i in range(4):  # choice i is what a request of one choice with seed 40 + i answers
+        assert texts[i] == answer(
+            collect_choices(engine, "Tell me a story", temperature=1.2, seed=40 + i, max_tokens=10)[0]
+        )
+    greedy = collect_choices(engine, "Tell me a story", n=3)
+    assert len({answer(greedy[i]) for i in range(3)}) == 1
+
+
+def test_logprobs_come_with_their_tokens_and_the_greedy_token_leads_its_alternatives(engine: HFEngine) -> None:
+    [evs] = collect_choices(engine, "Hello there", logprobs=5, max_tokens=8).values()
+    lps = [lp for e in evs for lp in e.logprobs]
+    assert len(lps) == evs[-1].tokens == 8
+    for lp in lps:
+        assert lp.logprob <= 0 and len(lp.top) == 5 and lp.top[0][0] == lp.token
+        assert lp.logprob == pytest.approx(lp.top[0][1])
+    assert engine.tokenizer.decode([lp.token for lp in lps]) == answer(evs)[0]
+    [plain] = collect_choices(engine, "Hello there", max_tokens=8).values()
+    assert answer(plain) == answer(evs) and all(not e.logprobs for e in plain)
+
+
+def test_a_frequency_penalty_changes_a_repetitive_answer(engine: HFEngine) -> None:
+    def repeats(text_evs: list[EngineEvent]) -> int:
+        tokens = [lp.token for e in text_evs for lp in e.logprobs]
+        return max(tokens.count(t) for t in set(tokens))
+
+    [free] = collect_choices(engine, "x", logprobs=0, max_tokens=40).values()
+    [held] = collect_choices(
+        engine, "x", logprobs=0, max_tokens=40, frequency_penalty=2.0, presence_penalty=1.0
+    ).values()
+    assert repeats(free) > 2  # the tiny random model repeats itself
+    assert repeats(held) < repeats(free) and answer(held) != answer(free)
+    [rep] = collect_choices(engine, "x", logprobs=0, max_tokens=40, repetition_penalty=3.0).values()
+    assert repeats(rep) < repeats(free)
+
+
+def test_min_tokens_and_logit_bias_steer_the_end(engine: HFEngine) -> None:
+    eos = engine.tokenizer.eos_token_id
+    [ended] = collect_choices(engine, "Hi", logit_bias=((eos, 100.0),), logprobs=0).values()
+    assert answer(ended) == ("", "stop", 0)
+    assert [lp.token for e in ended for lp in e.logprobs] == [eos]  # not counted, but its logprob goes out
+    [held] = collect_choices(engine, "Hi", logit_bias=((eos, 100.0),), min_tokens=3).values()
+    assert answer(held)[1:] == ("stop", 3)
+    [first] = collect_choices(engine, "Hi", max_tokens=1, logprobs=0).values()
+    best = first[-1].logprobs[0].token
+    [moved] = collect_choices(engine, "Hi", max_tokens=1, logprobs=0, logit_bias=((best, -100.0),)).values()
+    assert moved[-1].logprobs[0].token != best
+
+
+def test_prompt_logprobs_skip_the_prefix_cache_and_match_a_fresh_prefill(engine: HFEngine) -> None:
+    prompt = "What is the topic of this news article about football? " * 3
+    [warm] = collect_choices(engine, prompt, max_tokens=2).values()  # its blocks are now cached
+    [a] = collect_choices(engine, prompt, max_tokens=2, prompt_logprobs=1).values()
+    pl = a[0].prompt_logprobs
+    ids = engine.encode_chat([{"role": "user", "content": prompt}])
+    assert pl is not None and [lp.token for lp in pl] == ids[1:]
+    assert all(len(lp.top) == 1 and lp.logprob <= lp.top[0][1] + 1e-6 for lp in pl)
+    assert answer(a) == answer(warm)
+
+
+def test_aborting_a_request_of_n_choices_ends_them_all(tiny_base) -> None:  # type: ignore[no-untyped-def]
+    eng = make_engine(tiny_base, max_num_seqs=4)
+    try:
+        events: list[EngineEvent] = []
+        ids = eng.encode_chat([{"role": "user", "content": "Tell me a long story"}])
+        eng.submit(EngineRequest("many", ids, SamplingParams(max_tokens=400, n=3, ignore_eos=True)), events.append)
+        while len(events) < 6:
+            time.sleep(0.002)
+        eng.abort("many")
+        deadline = time.time() + 10
+        while len([e for e in events if e.finish_reason]) < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        assert sorted(e.index for e in events if e.finish_reason == "abort") == [0, 1, 2]
+        while eng.stats()["running"] and time.time() < deadline:
+            time.sleep(0.01)
+        assert eng.stats()["running"] == 0 and eng.stats()["aborted"] == 1  # one request
+    finally:
+        eng.close()

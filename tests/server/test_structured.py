@@ -48,7 +48,7 @@ def test_json_object_and_json_schema_become_a_json_constraint() -> None:
     r = parse(response_format=fmt)
     assert r.output is not None and schema_of(r.output.constraint) == {**OBJ, "additionalProperties": False}
     assert r.output.param == "response_format.json_schema.schema"
-    sp = r.to_sampling_params(room=10, default_max_tokens=5)
+    sp = r.to_sampling_params(room=10, default_max_tokens=5, vocab_size=49152)
     assert sp.constraint == r.output.constraint
     assert parse(response_format={"type": "text"}).output is None
 

@@ -71,7 +71,7 @@ def vllm_engine(smollm, skills, tmp_path_factory):  # type: ignore[no-untyped-de
 
 async def collect(engine, prompt: str, mix=(), max_tokens: int = 24, **kw) -> tuple[str, list[EngineEvent]]:  # type: ignore[no-untyped-def]
     ids = engine.encode_chat([{"role": "user", "content": prompt}])
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+    params = SamplingParams(**{"max_tokens": max_tokens, "temperature": 0.0, **kw})
     events = [ev async for ev in engine.generate(EngineRequest(f"t{next(_ids)}", ids, params, Mix.of(mix)))]
     return "".join(e.text for e in events), events
 
@@ -195,3 +195,50 @@ def test_a_closed_engine_refuses_requests_instead_of_queueing_them(smollm, tmp_p
     assert not eng.healthy()
     with pytest.raises(EngineDead):
         eng.submit(EngineRequest("late", [1, 2, 3], SamplingParams(max_tokens=2)), lambda ev: None)
+
+
+def test_sampling_options_and_logprobs_as_the_hf_engine(vllm_engine, hf_engine) -> None:  # type: ignore[no-untyped-def]
+    """Every option the API passes on is honoured by vLLM as by the hf engine: greedy answers under penalties,
+    bias, top_k and min_tokens are the same text, n choices come back as n, and logprobs agree (float32 on both,
+    vLLM's CPU kernels differ in the last digits)."""
+    eos = hf_engine.tokenizer.eos_token_id
+    cases: list[dict] = [
+        {"frequency_penalty": 1.5, "presence_penalty": 0.5},
+        {"repetition_penalty": 1.3},
+        {"logit_bias": ((eos, 100.0),), "min_tokens": 3},
+        {"temperature": 1.0, "top_k": 1, "seed": 4},
+        {"temperature": 1.0, "min_p": 1.0, "seed": 4},
+    ]
+    plain = answer(hf_engine, PROMPTS[2], max_tokens=24)
+    for kw in cases:
+        got = answer(vllm_engine, PROMPTS[2], max_tokens=24, **kw)
+        assert got == answer(hf_engine, PROMPTS[2], max_tokens=24, **kw), kw
+        assert (got != plain) == ("frequency_penalty" in kw or "repetition_penalty" in kw or "logit_bias" in kw), kw
+    _, v = asyncio.run(collect(vllm_engine, PROMPTS[0], max_tokens=8, logprobs=3, prompt_logprobs=2))
+    _, h = asyncio.run(collect(hf_engine, PROMPTS[0], max_tokens=8, logprobs=3, prompt_logprobs=2))
+    for ours, theirs in (
+        ([lp for e in v for lp in e.logprobs], [lp for e in h for lp in e.logprobs]),
+        (v[0].prompt_logprobs, h[0].prompt_logprobs),
+    ):
+        assert ours is not None and theirs is not None and len(ours) == len(theirs) > 0
+        assert [lp.token for lp in ours] == [lp.token for lp in theirs]
+        assert [lp.logprob for lp in ours] == pytest.approx([lp.logprob for lp in theirs], abs=5e-3)
+        assert [lp.top[0][0] for lp in ours] == [lp.top[0][0] for lp in theirs]
+
+
+def test_n_choices_each_end_once(vllm_engine) -> None:  # type: ignore[no-untyped-def]
+    _, events = asyncio.run(collect(vllm_engine, PROMPTS[1], max_tokens=12, n=3, temperature=1.0, seed=9))
+    ends = sorted(e.index for e in events if e.finish_reason is not None)
+    assert ends == [0, 1, 2]
+    texts = ["".join(e.text for e in events if e.index == i) for i in range(3)]
+    assert all(texts) and len(set(texts)) > 1
+    assert {e.tokens for e in events if e.finish_reason} == {12}
+
+
+def test_greedy_choices_are_one_answer_sent_n_times(vllm_engine) -> None:  # type: ignore[no-untyped-def]
+    """vLLM refuses n > 1 without sampling; greedy choices are all alike, so one is decoded and sent as each."""
+    _, events = asyncio.run(collect(vllm_engine, PROMPTS[0], max_tokens=8, n=2, logprobs=1))
+    texts = ["".join(e.text for e in events if e.index == i) for i in range(2)]
+    assert texts[0] == texts[1] == answer(vllm_engine, PROMPTS[0], max_tokens=8)
+    assert sorted(e.index for e in events if e.finish_reason) == [0, 1]
+    assert [len([lp for e in events if e.index == i for lp in e.logprobs]) for i in range(2)] == [8, 8]

@@ -24,6 +24,7 @@ from skillpool.server.engines import (
     RequestTooLarge,
     SamplingParams,
 )
+from skillpool.server.engines.protocol import TokenLogprob
 from tests.synthetic import curve_skills
 
 
@@ -90,6 +91,12 @@ def test_the_routing_key_is_the_heaviest_skill_and_its_version() -> None:
 def test_events_merge_and_refusals_become_the_engines_exceptions() -> None:
     ev = merge(EngineEvent("Hel", 1), EngineEvent("lo", 2, "stop"))
     assert (ev.text, ev.tokens, ev.finish_reason) == ("Hello", 2, "stop")
+    a, b = TokenLogprob(5, -0.5), TokenLogprob(6, -1.5)
+    prompt = (TokenLogprob(1, -2.0),)
+    ev = merge(
+        EngineEvent("a", 1, index=2, logprobs=(a,), prompt_logprobs=prompt), EngineEvent("b", 2, index=2, logprobs=(b,))
+    )
+    assert (ev.logprobs, ev.prompt_logprobs, ev.index) == ((a, b), prompt, 2)
     busy = Refusal("busy", "full", waiting=7, retry_after_s=2).exception()
     assert isinstance(busy, EngineBusy) and (busy.waiting, busy.retry_after_s) == (7, 2)
     assert isinstance(Refusal("dead", "hf").exception(), EngineDead)

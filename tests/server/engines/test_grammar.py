@@ -108,16 +108,17 @@ def test_a_grammar_in_error_allows_nothing_and_its_row_fails_alone(cache: Gramma
     assert not bad.advance(ids(tokenizer, "x")[0])  # a token the grammar refuses: llguidance's error state
     assert bad.error is not None
     logits = torch.randn(3, cache.vocab_size, generator=torch.Generator().manual_seed(0))
-    masks.apply(logits, [bad, good, None])
-    assert not bool(torch.isfinite(logits[0]).any())
+    assert not bool(torch.isfinite(masks.apply(logits.clone(), [bad, good, None])[0]).any())
 
-    class R:  # the one attribute of a row that sample reads here, beside its parameters
+    class R:  # the attributes of a row that sample reads here, beside its parameters
         def __init__(self, g: RowGrammar | None) -> None:
-            self.grammar, self.gen = g, None
-            self.req = type("Req", (), {"params": SamplingParams(max_tokens=1, temperature=0.0)})()
+            self.grammar, self.gen, self.answer = g, None, []
+            params = SamplingParams(max_tokens=1, temperature=0.0)
+            self.req = type("Req", (), {"params": params, "prompt_ids": [1, 2]})()
 
-    got = sample(logits, [R(bad), R(good), R(None)])  # type: ignore[list-item]
-    assert got[0] is None and tokenizer.decode([got[1]]).isdigit() and got[2] == int(logits[2].argmax())
+    got = sample(logits, [R(bad), R(good), R(None)], masks=masks)  # type: ignore[list-item]
+    assert got[0] is None and got[1] is not None and got[2] is not None
+    assert tokenizer.decode([got[1].token]).isdigit() and got[2].token == int(logits[2].argmax())
 
 
 def test_a_constrained_row_whose_logits_are_not_finite_still_fails(cache: GrammarCache) -> None:

@@ -1,0 +1,1 @@
+"""POST /v1/completions (OpenAI's legacy completions): protocol, serving (CompletionServing), api_router."""
