@@ -101,6 +101,16 @@ class Generation:
             )
         return room
 
+    async def prepare(self, sampling: SamplingParams, param: str | None) -> None:
+        """The request's output constraint compiled (or found compiled) off the event loop and the engine's loop;
+        what the grammar engine refuses is a 400 naming `param`, the field it came from."""
+        if sampling.constraint is None:
+            return
+        try:
+            await asyncio.to_thread(self.c.engine.prepare, sampling)
+        except ConstraintError as e:
+            raise APIError(400, f"{param}: {e}", param, "invalid_value") from None
+
     async def route(self, target: Target, text: str, model: str, expected_skill: str | None = None) -> Decision:
         """The routing decision for `text` (the stage's own for `auto`, forced otherwise), logged and counted."""
         c = self.c

@@ -19,8 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from skillpool.router import Decision
 from skillpool.router.texts import route_text
 
-from ..engines import ConstraintError, EngineEvent, SamplingParams
-from ..errors import APIError
+from ..engines import EngineEvent
 from ..generation import Choice, ClientGone, Generation, closing, sse, stream_error, usage
 from .protocol import (
     ChatCompletionRequest,
@@ -53,11 +52,11 @@ class ChatServing:
         prompt_ids = await asyncio.to_thread(c.engine.encode_chat, prompt, tools)
         room = gen.room(len(prompt_ids), body.requested_max_tokens, "messages")
         sampling = body.to_sampling_params(room, c.cfg.serving.default_max_tokens, c.vocab.size)
-        await self._prepare(body, sampling)
+        param = body.output.param if body.output is not None else None
+        await gen.prepare(sampling, param)
         decision = await gen.route(target, route_text(messages), body.model, body.expected_skill)
         cid = completion_id()
         try:
-            param = body.output.param if body.output is not None else None
             stream = await gen.start(cid, prompt_ids, sampling, decision, constraint_param=param)
             headers = {"x-skillpool-route": decision.header()}
             if body.stream:
@@ -77,27 +76,12 @@ class ChatServing:
         used = usage(len(prompt_ids), sum(ch.tokens for ch in choices))
         return JSONResponse(chat_completion(cid, body.model, out, used, decision), headers=headers)
 
-    async def _prepare(self, body: ChatCompletionRequest, sampling: SamplingParams) -> None:
-        """The request's constraint compiled (or found compiled) off the event loop and the engine's loop; what the
-        grammar engine refuses is a 400 naming the field it came from."""
-        if sampling.constraint is None:
-            return
-        try:
-            await asyncio.to_thread(self.c.engine.prepare, sampling)
-        except ConstraintError as e:
-            param = body.output.param if body.output is not None else None
-            raise APIError(400, f"{param}: {e}", param, "invalid_value") from None
-
     @staticmethod
     def _message(body: ChatCompletionRequest, ch: Choice) -> tuple[dict[str, Any], str]:
         """A choice's assistant message and finish reason: its text, or the tool calls it made (`tool_calls`)."""
-        message: dict[str, Any] = {"role": "assistant", "content": ch.text}
-        spec = body.tool_spec
-        if spec is None or not spec.active:
-            return message, ch.finish
-        content, calls = CallReader(spec).read(ch.text)
+        content, calls = tool_calls(body, ch.text)
         if not calls:
-            return message, ch.finish
+            return {"role": "assistant", "content": ch.text}, ch.finish
         message = {"role": "assistant", "content": content or None, "tool_calls": [t.as_openai() for t in calls]}
         return message, "tool_calls" if ch.finish == "stop" else ch.finish
 
@@ -147,3 +131,11 @@ class ChatServing:
         if body.include_usage:
             yield sse(chat_chunk(cid, body.model, created, None, usage=usage(n_prompt, sum(tokens))))
         yield "data: [DONE]\n\n"
+
+
+def tool_calls(body: ChatCompletionRequest, text: str) -> tuple[str, list[ToolCall]]:
+    """An answer's text outside its tool calls, and the calls (none unless the request offered tools)."""
+    spec = body.tool_spec
+    if spec is None or not spec.active:
+        return text, []
+    return CallReader(spec).read(text)

@@ -4,7 +4,8 @@ A prompt is text, a list of texts, token ids or a list of token id lists; each p
 router and the engine, and its n choices follow each other (prompt i's choice j is choice i * n + j, as in vLLM).
 `echo` puts the prompt before each answer, and with `logprobs` (the legacy 0-5) the prompt's tokens get theirs too:
 the first one null, having nothing before it. `max_tokens: 0` with `echo` generates nothing: the prompt's logprobs
-alone (a loglikelihood, as lm-evaluation-harness asks for them).
+alone (a loglikelihood, as lm-evaluation-harness asks for them). vLLM's `structured_outputs` (and its older
+`guided_*` names) and `response_format` constrain each answer as in chat (chat/output.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, StrictInt, StrictStr, field_validator, model_validator
 
+from ..chat.output import output_constraint
+from ..chat.structured import GUIDED, FormatError, OutputFormat
 from ..engines.protocol import TokenLogprob
 from ..openai_request import VLLM_UNSUPPORTED, GenerationRequest, inline_schema, invalid, refuse_unsupported
 from ..tokens import Vocabulary
@@ -49,6 +52,14 @@ class CompletionRequest(GenerationRequest):
     logprobs: int | None = Field(
         default=None, ge=0, le=MAX_LEGACY_LOGPROBS, strict=True, description="each token's logprob and this many more"
     )
+    # each answer's constraint, checked together (_output_format) as chat checks them
+    response_format: Any = Field(default=None, description="{'type': 'text' | 'json_object' | 'json_schema', ...}")
+    structured_outputs: Any = Field(default=None, description="vLLM's: one of json, regex, choice, grammar")
+    guided_json: Any = Field(default=None, description="vLLM's older name of structured_outputs.json")
+    guided_regex: Any = Field(default=None, description="vLLM's older name of structured_outputs.regex")
+    guided_choice: Any = Field(default=None, description="vLLM's older name of structured_outputs.choice")
+    guided_grammar: Any = Field(default=None, description="vLLM's older name of structured_outputs.grammar")
+    _output: OutputFormat | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -86,6 +97,24 @@ class CompletionRequest(GenerationRequest):
         if self.max_tokens == 0 and not self.echo:
             raise invalid("max_tokens 0 generates nothing: it needs echo (the prompt's logprobs)", "max_tokens")
         return self
+
+    @model_validator(mode="after")
+    def _output_format(self) -> CompletionRequest:
+        """Each answer's constraint, checked once (as chat's, without tools)."""
+        try:
+            guided = {k: getattr(self, k) for k in GUIDED}
+            self._output = output_constraint(self.response_format, self.structured_outputs, guided)
+        except FormatError as e:
+            raise invalid(e.message, e.param) from None
+        if self._output is not None and (self.ignore_eos or self.max_tokens == 0):
+            raise invalid(
+                "a constrained answer ends where its grammar does: no ignore_eos or max_tokens 0", "max_tokens"
+            )
+        return self
+
+    @property
+    def output(self) -> OutputFormat | None:
+        return self._output
 
     def prompts(self) -> list[str | list[int]]:
         """Each prompt, as text or as token ids."""

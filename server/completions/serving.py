@@ -62,7 +62,10 @@ class CompletionServing:
                 c.vocab.size,
                 logprobs=logprobs,
                 prompt_logprobs=logprobs if body.echo else None,
+                constraint=body.output.constraint if body.output is not None else None,
             )
+        if prompts:  # one constraint for every prompt: compiled once
+            await gen.prepare(prompts[0].sampling, body.output.param if body.output is not None else None)  # type: ignore[arg-type]
         decisions = await asyncio.gather(*(gen.route(target, p.text, body.model, body.expected_skill) for p in prompts))
         for p, d in zip(prompts, decisions):
             p.decision = d

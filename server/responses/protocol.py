@@ -3,8 +3,10 @@ response object and typed stream events as OpenAI's Responses API shapes them.
 
 Nothing is kept between calls: `previous_response_id`, `store: true`, `conversation` and `background` are refused
 with a 400 that says so, and so are the built-in tools (this server runs none). `to_chat` is the one place a
-Responses request becomes a chat request (instructions as the system message, input items as messages); the serving
-then generates exactly as chat does.
+Responses request becomes a chat request: instructions as the system message, input items as messages (a
+`function_call` item as an assistant's tool call, a `function_call_output` as a tool message), `text.format` as
+`response_format`, function tools in chat's shape; the serving then generates exactly as chat does, output format
+and tool calls included, and an error of a converted field names it as this API does.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from skillpool.router import Decision
 
 from ..chat.protocol import ChatCompletionRequest, content_logprobs, route_field
+from ..chat.tools import ToolCall
 from ..engines.protocol import MAX_LOGPROBS, TokenLogprob
+from ..errors import APIError
 from ..openai_request import Metadata, api_error, check_metadata, inline_schema, invalid
 from ..tokens import Vocabulary
 
@@ -65,6 +69,9 @@ class ResponsesRequest(BaseModel):
     store: bool | None = Field(default=None, description="only false: nothing is stored")
     parallel_tool_calls: bool | None = None
     truncation: str | None = Field(default=None, description="only 'disabled': a too long input is a 400")
+    text: dict[str, Any] | None = Field(default=None, description="text.format: text, json_object or json_schema")
+    tools: list[dict[str, Any]] | None = Field(default=None, description="function tools: {type, name, parameters}")
+    tool_choice: str | dict[str, Any] | None = Field(default=None, description="none, auto, required or a function")
 
     @classmethod
     def parse(cls, body: Any) -> ResponsesRequest:
@@ -91,7 +98,7 @@ class ResponsesRequest(BaseModel):
         for key, noop in _REFUSED.items():
             if body.get(key) not in (None, noop):
                 raise invalid(f"{key} is not supported by this server", key, "unsupported_parameter")
-        _tools(body.get("tools"), body.get("tool_choice"))
+        _tools(body.get("tools"))
         _text_format(body.get("text"))
         if body.get("truncation") not in (None, "disabled"):
             raise invalid("only truncation 'disabled' is supported: a too long input is an error", "truncation")
@@ -130,7 +137,9 @@ class ResponsesRequest(BaseModel):
 
     def to_chat(self) -> ChatCompletionRequest:
         """The chat request this Responses request is: instructions as the system message, then the input's
-        messages; max_output_tokens as max_tokens; the sampling fields as they are."""
+        messages; max_output_tokens as max_tokens; text.format as response_format; function tools, tool_choice and
+        parallel_tool_calls in chat's shape; the sampling fields as they are. A converted field's error names it
+        as this API does (text.format..., tools[i]...)."""
         messages: list[dict[str, Any]] = []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
@@ -140,22 +149,37 @@ class ResponsesRequest(BaseModel):
         body.update(temperature=self.temperature, top_p=self.top_p, metadata=self.metadata)
         if self.logprobs is not None:
             body.update(logprobs=True, top_logprobs=self.logprobs)
-        return ChatCompletionRequest.parse(body)
+        fmt = (self.text or {}).get("format")
+        if fmt is not None:
+            body["response_format"] = _response_format(fmt)
+        if self.tools:
+            body["tools"] = [_chat_tool(t) for t in self.tools]
+        if self.tool_choice is not None:
+            body["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        body["parallel_tool_calls"] = self.parallel_tool_calls
+        try:
+            return ChatCompletionRequest.parse(body)
+        except APIError as e:
+            e.param = _responses_param(e.param)
+            raise
 
 
-def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, str]]:
+def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The input as chat messages with text content; any other item (a function call, an image, a reference to a
     stored item) is a 400 naming it."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     if not given:
         raise invalid("input must be a non-empty string or list", "input")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, item in enumerate(given):
         kind = item.get("type", "message")
+        if kind in ("function_call", "function_call_output"):
+            out.append(_call_item(item, i, kind, out))
+            continue
         if kind != "message":
             raise invalid(
-                f"input[{i}]: items of type {kind!r} are not supported (messages with text only)",
+                f"input[{i}]: items of type {kind!r} are not supported (messages, function calls and their outputs)",
                 f"input[{i}]",
                 "unsupported_parameter",
             )
@@ -183,20 +207,40 @@ def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
-def _tools(tools: Any, choice: Any) -> None:
-    if tools not in (None, []):
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise invalid("tools must be a list of tools", "tools")
-        builtin = [t.get("type") for t in tools if t.get("type") != "function"]
-        if builtin:
+def _call_item(item: dict[str, Any], i: int, kind: str, before: list[dict[str, Any]]) -> dict[str, Any]:
+    """A function call the model made (as an assistant message's tool call: consecutive calls join one message),
+    or its output (as a tool message)."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"input[{i}].call_id must be a non-empty string", f"input[{i}].call_id")
+    if kind == "function_call_output":
+        output = item.get("output")
+        if not isinstance(output, str):
+            raise invalid(f"input[{i}].output must be a string", f"input[{i}].output")
+        return {"role": "tool", "tool_call_id": call_id, "content": output}
+    name, arguments = item.get("name"), item.get("arguments", "{}")
+    if not isinstance(name, str) or not isinstance(arguments, str):
+        raise invalid(f"input[{i}]: a function_call has a name and arguments (strings)", f"input[{i}]")
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    if before and before[-1]["role"] == "assistant" and before[-1].get("tool_calls") and not before[-1]["content"]:
+        before[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+        return before.pop()
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def _tools(tools: Any) -> None:
+    """Function tools are taken (as chat takes them); the built-in ones would need tools this server does not run."""
+    if tools in (None, []):
+        return
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise invalid("tools must be a list of tools", "tools")
+    for i, t in enumerate(tools):
+        if t.get("type") != "function":
             raise invalid(
-                f"built-in tools are not available: this server runs no tools ({builtin[0]!r})",
-                "tools",
+                f"built-in tools are not available: this server runs no tools ({t.get('type')!r})",
+                f"tools[{i}]",
                 "unsupported_parameter",
             )
-        raise invalid("function tools are not supported by this server yet", "tools", "unsupported_parameter")
-    if choice not in (None, "none", "auto"):
-        raise invalid("tool_choice: there are no tools to choose", "tool_choice", "unsupported_parameter")
 
 
 def _text_format(text: Any) -> None:
@@ -205,8 +249,58 @@ def _text_format(text: Any) -> None:
     if not isinstance(text, dict):
         raise invalid("text must be an object", "text")
     fmt = text.get("format")
-    if fmt not in (None, {"type": "text"}):
-        raise invalid("text.format: only {'type': 'text'} is supported", "text.format", "unsupported_parameter")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema")):
+        raise invalid("text.format must be {'type': 'text' | 'json_object' | 'json_schema', ...}", "text.format")
+
+
+def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
+    """text.format as chat's response_format: the Responses API flattens json_schema's fields into the format."""
+    if fmt["type"] != "json_schema":
+        return {"type": fmt["type"]}
+    schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A Responses function tool ({type, name, description, parameters, strict}) in chat's nested shape."""
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _responses_param(param: str | None) -> str | None:
+    """A converted field's name as this API spells it."""
+    if param is None:
+        return None
+    for chat, ours in (
+        ("response_format.json_schema", "text.format"),
+        ("response_format", "text.format"),
+        ("messages", "input"),
+        ("max_tokens", "max_output_tokens"),
+    ):
+        if param == chat or param.startswith(chat + ".") or param.startswith(chat + "["):
+            return ours + param[len(chat) :]
+    if param.startswith("tools[") and ".function" in param:
+        return param.replace(".function", "", 1)
+    return param
+
+
+def function_call_item(call: ToolCall) -> dict[str, Any]:
+    """An output item for a call the model made: the client runs it and sends its output back as input."""
+    item = call.as_openai()
+    return {
+        "type": "function_call",
+        "id": "fc_" + uuid.uuid4().hex,
+        "call_id": item["id"],
+        "name": item["function"]["name"],
+        "arguments": item["function"]["arguments"],
+        "status": "completed",
+    }
 
 
 def request_schema() -> dict[str, Any]:
@@ -266,9 +360,9 @@ def response_object(
         "previous_response_id": None,
         "store": False,
         "temperature": body.temperature,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
+        "text": body.text or {"format": {"type": "text"}},
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
         "top_logprobs": body.top_logprobs,
         "top_p": body.top_p,
         "truncation": "disabled",

@@ -189,3 +189,15 @@ def test_auto_routes_on_the_prompts_text(client: TestClient) -> None:
     assert r.status_code == 200, r.text
     assert r.json()["skillpool"]["reason"] == "no_skills" and r.headers["x-skillpool-route"] == "base"
     assert math.isfinite(r.json()["skillpool"]["score"])
+
+
+def test_structured_outputs_constrain_every_prompts_answer(client: TestClient) -> None:
+    labels = ["positive", "negative"]
+    r = complete(client, prompt=["Review: great.", "Review: awful."], structured_outputs={"choice": labels}, n=2)
+    assert r.status_code == 200, r.text
+    assert [c["text"] for c in r.json()["choices"]] and all(c["text"] in labels for c in r.json()["choices"])
+    regex = complete(client, guided_regex="[0-9]{3}", max_tokens=10)
+    assert regex.status_code == 200 and len(regex.json()["choices"][0]["text"]) == 3
+    assert regex.json()["choices"][0]["text"].isdigit()
+    assert_error(complete(client, structured_outputs={"regex": "("}), 400, "structured_outputs.regex")
+    assert_error(complete(client, structured_outputs={"choice": ["a"]}, echo=True, max_tokens=0), 400, "max_tokens")

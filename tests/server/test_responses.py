@@ -1,5 +1,7 @@
 """POST /v1/responses on a tiny LLaMA: the answer equals chat's for the same messages, streamed as the typed events,
-with the routing decision; what a stateless server without tools cannot do is a 400 that says so."""
+with the routing decision; text.format and function tools as chat takes them (a schema's answer validates, a
+required call comes back as a function_call item and its output continues the conversation); what a stateless
+server without built-in tools cannot do is a 400 that says so."""
 
 from __future__ import annotations
 
@@ -112,21 +114,24 @@ def test_the_stream_is_the_typed_events_and_adds_up_to_the_response(client: Test
         ({"store": True}, "store", "unsupported_parameter"),
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
         ({"background": True}, "background", "unsupported_parameter"),
-        ({"tools": [{"type": "web_search"}]}, "tools", "unsupported_parameter"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools", "unsupported_parameter"),
-        (
-            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
-            "text.format",
-            "unsupported_parameter",
-        ),
-        ({"tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0]", "unsupported_parameter"),
+        ({"tools": [{"type": "function", "name": "bad name!", "parameters": {}}]}, "tools[0].name", None),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": 5}}}}, "text.format.schema", None),
+        ({"text": {"format": {"type": "xml"}}}, "text.format", None),
+        ({"tool_choice": "required"}, "tool_choice", None),
         ({"input": []}, "input", None),
         ({"input": 5}, "input", None),
-        (
-            {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
-            "input[0]",
-            "unsupported_parameter",
+        (  # a call's output that answers no call
+            {
+                "input": [
+                    {"role": "user", "content": "hi"},
+                    {"type": "function_call_output", "call_id": "c", "output": "x"},
+                ]
+            },
+            "input[1].tool_call_id",
+            None,
         ),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "unsupported_parameter"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content",
@@ -148,3 +153,66 @@ def test_what_is_not_kept_or_not_done_is_a_400(client: TestClient, extra: dict, 
     assert_error(respond(client, **extra), status, param, code)
     if param in ("previous_response_id", "store"):
         assert "keeps no responses" in respond(client, **extra).json()["error"]["message"]
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_a_json_schema_format_answers_json_that_validates(client: TestClient) -> None:
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"enum": ["blue", "grey", "black"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "name": "sky", "schema": schema, "strict": True}
+    r = respond(client, text={"format": fmt}, max_output_tokens=40)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    jsonschema.validate(json.loads(body["output"][0]["content"][0]["text"]), schema)
+    assert body["text"] == {"format": fmt}  # the response says what it was asked for
+
+
+def test_a_required_function_call_comes_back_as_an_item_and_its_output_continues(client: TestClient) -> None:
+    r = respond(client, input="Weather in Oslo?", tools=[WEATHER], tool_choice="required", max_output_tokens=60)
+    assert r.status_code == 200, r.text
+    calls = [item for item in r.json()["output"] if item["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "get_weather" and calls[0]["call_id"]
+    assert isinstance(json.loads(calls[0]["arguments"])["city"], str)
+    history = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {k: calls[0][k] for k in ("type", "call_id", "name", "arguments")},
+        {"type": "function_call_output", "call_id": calls[0]["call_id"], "output": '{"celsius": 4}'},
+    ]
+    after = respond(client, input=history, tools=[WEATHER])
+    assert after.status_code == 200, after.text
+    assert after.json()["output"], after.json()
+
+
+def test_a_streamed_call_arrives_as_a_function_call_item(client: TestClient) -> None:
+    body = {
+        "model": "tiny-llama",
+        "input": "Weather in Oslo?",
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": 60,
+        "temperature": 0,
+        "stream": True,
+    }
+    with client.stream("POST", "/v1/responses", json=body) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert done and json.loads(done[0]["arguments"])["city"] is not None
+    final = events[-1]["response"]["output"]
+    assert [i["type"] for i in final][-1] == "function_call" and final[-1]["arguments"] == done[0]["arguments"]
