@@ -99,3 +99,28 @@ def test_every_page_stays_within_its_budget() -> None:
     over = {page: n for page, n in lines.items() if n > BUDGETS.get(page, DEFAULT_BUDGET)}
     assert not over, f"pages over their line budget (tests/test_docs.py BUDGETS): {over}"
     assert set(BUDGETS) <= set(lines), f"budgets for pages that do not exist: {set(BUDGETS) - set(lines)}"
+
+
+_COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
+_FIGURE = re.compile(r"\d(?:[\d,]*\.\d+)? ?(?:×|ms\b|tokens/s|GiB\b)")
+
+
+def undated_sections(text: str) -> list[str]:
+    """The `## ` sections of a benchmarks page that give measured figures without the commit they were measured at
+    (or say they are not recorded yet)."""
+    out = []
+    for section in re.split(r"^(?=## )", _prose(text), flags=re.M):
+        title = section.splitlines()[0] if section.strip() else ""
+        if _FIGURE.search(section) and not _COMMIT.search(section) and "not recorded" not in section:
+            out.append(title)
+    return out
+
+
+@pytest.mark.parametrize("page", ["benchmarks.md", "scale-out.md", "structured-outputs.md"])
+def test_every_measured_figure_names_its_commit(page: str) -> None:
+    """The pages that report runs (other pages' figures are settings, formulas or links to these)."""
+    assert undated_sections((ROOT / "docs" / page).read_text()) == []
+
+
+def test_an_undated_figure_is_caught() -> None:
+    assert undated_sections("## A\n\n0.93× at 957db60\n\n## B\n\n19.2 tokens/s\n") == ["## B"]
