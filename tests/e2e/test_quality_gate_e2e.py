@@ -1,6 +1,7 @@
 """End to end: the quality gate refuses a broken upload (SST-2 with its labels shuffled) on the real SmolLM2
-and leaves the pool as it was; the intact upload of the same task passes the same gate. Run in float32 and in
-bfloat16 (`serve --dtype`: the engine and the trainer): the gate and the routes decide the same in both."""
+and leaves the pool as it was; the intact upload of the same task passes the same gate. It runs in the server's
+default dtype (`--dtype auto`: bfloat16 on a CPU with AVX-512 BF16 or AMX); that the trainer and the engine compute
+alike in float32 and bfloat16 is the dtype tests' job (tests/trainer, tests/lora, tests/server/engines)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,10 @@ pytestmark = pytest.mark.slow
 # 60 held-out rows: the noise on the gain is about 0.07; the rows as uploaded, as the default prompt variants
 # would double the training time of a test about the gate
 CONFIG = {"epochs": 2, "eval_fraction": 0.3, "prompt_variants": 0.0}
-# what each dtype decided, for the dtype that runs after it to compare with
-DECISIONS: dict[str, dict[str, object]] = {}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(
-    dtype: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dataset_dir("long_sequence", "sst-2")
     good, broken = rows("long_sequence", "sst-2", "train", 200), rows("long_sequence", "sst-2", "train", 400)[200:]
@@ -37,7 +35,7 @@ def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(
     broken = [{**r, "output": y} for r, y in zip(broken, labels)]
     probe = [user_text(r) for r in rows("long_sequence", "sst-2", "test", 24)]
     data_dir = tmp_path / "data"
-    with ServerProcess(data_dir, ["--dtype", dtype]) as srv:
+    with ServerProcess(data_dir) as srv:
         from openai import OpenAI
 
         client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -58,7 +56,7 @@ def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(
         )
         job = json.loads(capsys.readouterr().out)
         with capsys.disabled():
-            print(dtype, json.dumps(job["eval"], indent=1))  # the numbers, for the record
+            print(json.dumps(job["eval"], indent=1))  # the numbers, for the record
         assert job["status"] == "failed" and job["error"].startswith("quality gate:"), job
         report = job["eval"]
         assert not report["passed"] and report["reasons"]
@@ -73,8 +71,3 @@ def test_shuffled_labels_are_refused_and_the_pool_is_unchanged(
         assert [h for _, h in after] == [h for _, h in before]  # same routes: nothing of the broken skill is served
         # same answers, up to a rare greedy tie flipped by a different batch composition
         assert sum(a == b for (a, _), (b, _) in zip(after, before)) >= len(probe) - 2
-
-    decided = {"good": ok["status"], "broken": job["status"], "routes": [h for _, h in before]}
-    for other, theirs in DECISIONS.items():
-        assert decided == theirs, f"{dtype} decided otherwise than {other}"
-    DECISIONS[dtype] = decided
