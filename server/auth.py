@@ -150,6 +150,8 @@ class KeyRing:
             except (OSError, UnicodeDecodeError) as e:
                 raise KeyFileError(f"cannot read the keys file {self.path}: {e}") from None
             from_file = parse_keys(text, str(self.path))
+            if not from_file:  # read mid-write, or emptied: no keys would open everything to everyone
+                raise KeyFileError(f"the keys file {self.path} lists no keys")
         keys = self._flags + from_file
         _check_unique(keys, f"{self.path or 'keys'} with --api-key/--admin-api-key/--metrics-api-key")
         return tuple(keys)

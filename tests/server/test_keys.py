@@ -99,6 +99,17 @@ def test_reload_takes_a_good_file_and_keeps_the_keys_on_a_bad_one(
     assert ring.principal(b"Bearer k2") == Principal("bob", "train")  # the old keys still serve
     path.unlink()
     assert not ring.reload() and ring.principal(b"Bearer k1") == Principal("alice", "chat")
+    for empty in ("", "\n", "# all keys revoked\n"):  # read mid-write, or emptied: never open to everyone
+        path.write_text(empty)
+        assert not ring.reload() and ring.principal(b"Bearer k1") == Principal("alice", "chat")
+        assert ring.principal(b"") != SINGLE_TENANT and "lists no keys" in caplog.text
+
+
+def test_serve_refuses_a_keys_file_without_keys(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# nobody yet\n")
+    with pytest.raises(SystemExit, match=r"lists no keys"):
+        main(["serve", "--data-dir", str(tmp_path / "data"), "--api-keys-file", str(path)])
 
 
 def test_a_watch_follows_the_file_and_keeps_the_keys_while_it_is_gone_or_bad(
