@@ -37,6 +37,7 @@ from skillpool.runtime.openmp import as_compute_thread
 from .chat_template import ChatFront
 from .detokenize import TextStream
 from .grammar import Masks, RowGrammar
+from .host_adapters import HostAdapters
 from .kv import KVBatch, cache_keyword, kv_dtype
 from .kv_budget import KVBudget
 from .logits import Pick
@@ -64,7 +65,7 @@ HEARTBEAT_S = 1.0  # the longest an idle loop waits for work: its last-step age 
 
 @dataclass
 class _Control:
-    kind: str  # submit | abort | add | remove | stop
+    kind: str  # submit | abort | add | remove | wake | stop
     args: tuple[Any, ...] = field(default_factory=tuple)
 
 
@@ -119,7 +120,9 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
         self._waiting: deque[Row] = deque()
         self._running: list[Row] = []  # the decode batch, in KV row order
         self._kv: KVBatch | None = None
-        self.skills = SkillResidency(self.bank, max_loaded_skills)
+        # skills' adapters read off the loop; host copies as many as may be resident (16 when unbounded)
+        self.host_adapters = HostAdapters(max_loaded_skills or 16, lambda: self._inbox.put(_Control("wake")))
+        self.skills = SkillResidency(self.bank, max_loaded_skills, self.host_adapters)
         self.prefix = PrefixCache(prefix_cache_tokens)
         self.kv_budget = KVBudget.for_model(
             self.model,
@@ -137,6 +140,7 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
         self._alive = True
         self._beat = time.monotonic()  # when the loop last began an iteration
         self._stepping: list[Row] = []  # the rows the current step touched (they fail if it raises)
+        self._held = False  # the last step's admission waited (a skill slot, or a skill's read)
         self._aborted = 0  # requests that ended by abort (a client went away)
         self.nice = nice if self.device.type == "cpu" else 0
         self._thread = threading.Thread(target=self._loop, name="skillpool-engine-hf", daemon=True)
@@ -155,6 +159,7 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
                 raise RequestTooLarge(why)
             self._pending += 1
             self._inbox.put(_Control("submit", (req, sink)))
+        self.skills.prefetch(req.mix)  # routing has decided: the skills' reads start while the loop steps
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Control("abort", (request_id,)))
@@ -188,6 +193,7 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
     def close(self) -> None:
         self._inbox.put(_Control("stop"))
         self._thread.join(timeout=10)
+        self.host_adapters.close()
 
     # --- the engine thread ----------------------------------------------------------------------
     @torch.inference_mode()  # everything the thread touches (KV, adapter stacks) stays an inference tensor
@@ -197,7 +203,9 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
         try:
             while True:
                 self._beat = time.monotonic()
-                idle = not self._running and not self._waiting
+                # idle too while the only waiting work is a request whose skill is being read: a read that ends
+                # posts a wake-up, so the loop does not spin meanwhile
+                idle = not self._running and (not self._waiting or self._held)
                 try:  # a bounded wait: an idle loop still ticks, so only a stuck one grows its last-step age
                     first = self._inbox.get(timeout=HEARTBEAT_S) if idle else None
                 except queue.Empty:
@@ -206,7 +214,7 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
                     return
                 if not self._apply_all():
                     return
-                self._stepping = []
+                self._stepping, self._held = [], False
                 try:
                     self._step()
                 except Exception as e:  # the step's rows fail, the loop goes on
@@ -272,7 +280,7 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
         elif c.kind == "remove":
             (name,) = c.args
             self.skills.remove(name, self._in_use())
-        return True
+        return True  # "wake": a skill's read ended; the step that follows admits its request
 
     def _in_use(self) -> set[str]:
         rows = [*self._running, *(s for s in self._waiting if s.done_prompt)]
@@ -297,6 +305,7 @@ class HFEngine(Prefill, StreamsEvents, ChatFront):
             needed = [k for k, w in s.mix if w != 0.0]
             keep = self._in_use() | reserved | set(needed)  # reserved: skills of rows admitted with this one
             if not self.skills.ensure(needed, keep):
+                self._held = True
                 return None
             s.grammar = self._grammar(s.req.params)  # compiled when the request was prepared: a copy of its start
             s.gen = self._generator(s.req.params, 0)

@@ -4,7 +4,9 @@ A skill's weights are kept under a version key (name#n): a request admitted befo
 replaced keeps the weights it started with, while new requests get the new version. Only `max_loaded`
 versions are resident; the others are read from the store again on their next use. Idle versions leave in
 segmented-LRU order (slru.py): those used once since they came in before those used again. A retired version
-(replaced or removed) leaves as soon as no running row uses it.
+(replaced or removed) leaves as soon as no running row uses it. With `host` (host_adapters.py) a version is read
+off the loop: `prefetch` starts the read when a request is submitted, and `ensure` uploads it once it is on the
+host, the request waiting meanwhile; without one, `ensure` reads it in place.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from collections.abc import Iterable
 
 from skillpool.lora.bank import LoRABank
 
+from .host_adapters import HostAdapters
 from .protocol import AdapterLoader, Mix
 from .slru import SegmentedLRU
 
 
 class SkillResidency:
-    def __init__(self, bank: LoRABank, max_loaded: int | None) -> None:
-        self.bank, self.max_loaded = bank, max_loaded
+    def __init__(self, bank: LoRABank, max_loaded: int | None, host: HostAdapters | None = None) -> None:
+        self.bank, self.max_loaded, self.host = bank, max_loaded, host
         self._current: dict[str, str] = {}  # skill name -> its version key
         self._loaders: dict[str, AdapterLoader] = {}  # live version key -> reads the weights
         self._generation = 0
@@ -50,13 +53,31 @@ class SkillResidency:
             raise KeyError(f"skill {name!r} is not served by this engine (retired or never added)")
         return key
 
+    def prefetch(self, mix: Mix) -> None:
+        """Start reading the mix's versions that are not resident (on the host's reading thread); thread-safe:
+        called by whoever submits a request. Skills this engine does not serve are left to admission's error."""
+        if self.host is None:
+            return
+        for name, _ in mix:
+            key = self._current.get(name)
+            if key is None or key in self.bank:
+                continue
+            load = self._loaders.get(key)
+            if load is not None:
+                self.host.fetch(key, load, ahead=True)
+
     def ensure(self, keys: Iterable[str], keep: set[str]) -> bool:
-        """Make these versions resident, evicting idle ones not in `keep` in segmented-LRU order. False: no slot
-        can be freed now (every resident version is in use): the request waits. A version is read before anything
-        is evicted for it: a read that fails (the adapter store is down) leaves every resident version in place."""
+        """Make these versions resident, evicting idle ones not in `keep` in segmented-LRU order. False: the
+        request waits, because no slot can be freed now (every resident version is in use) or a version is still
+        being read. A version is read before anything is evicted for it: a read that fails (the adapter store is
+        down) raises and leaves every resident version in place."""
         keys, hits = list(keys), []
         if self.max_loaded is not None and len(keys) > self.max_loaded:
             raise ValueError(f"the mix needs {len(keys)} skills, more than max_loaded_skills ({self.max_loaded})")
+        if self.host is not None:  # every missing version's read starts now, even if the first one must wait
+            for key in keys:
+                if key not in self.bank:
+                    self.host.fetch(key, self._loaders[key])
         for key in keys:
             if key in self.bank:
                 hits.append(key)
@@ -65,7 +86,12 @@ class SkillResidency:
             victims = [n for n in self._order if n not in keep] if self.max_loaded is not None else []
             if self.max_loaded is not None and len(self.bank) - len(victims) >= self.max_loaded:
                 return False
-            adapter = load()
+            if self.host is None:
+                adapter = load()
+            elif (ready := self.host.take(key)) is None:
+                return False
+            else:
+                adapter = ready
             while self.max_loaded is not None and len(self.bank) >= self.max_loaded:
                 self._evict(victims.pop(0))
             self.bank.add(key, adapter)
@@ -85,6 +111,8 @@ class SkillResidency:
         if key is None:
             return
         self._loaders.pop(key, None)
+        if self.host is not None:
+            self.host.drop(key)
         if key in self.bank and key not in in_use:
             self._evict(key)
 
