@@ -9,15 +9,18 @@ Writes synthetic skills (random LoRA blocks; router keys from real SuperNI task 
   - `auto` against what it routes to (load_tests/serving/serving_auto.py): on an empty pool against base traffic, over
     the 10-skill pool against the same requests forced to `auto`'s routes, at 1 and N clients (--only auto);
   - one skill per request, drawn by Zipf popularity, from a 10-skill pool (all resident) and from a
-    1,000-skill pool served with --max-loaded-skills 16 (the others load from the store on use).
+    1,000-skill pool served with --max-loaded-skills 16 (the others load from the store on use); with the hf
+    engine both again with prefix caching off (--only pools runs these alone): a prompt start is cached per
+    skill, so a big pool's requests reuse fewer, and the like-for-like ratio is the engine's own price for one.
 Reports TTFT p50/p99, inter-token latency p50/p99, end-to-end p50, output tokens/s, goodput under an SLO
 (the share of requests meeting both TTFT and ITL bounds, and their tokens/s), the server's resident memory, and
 the same-run ratios against their targets (N clients vs 1, mixes vs base, big pool vs small). Answers decode
 exactly --max-tokens (ignore_eos). The last line is one JSON object per engine of those ratios:
 {"engine", "tokens_16_over_1", "ttft_16_over_1", "mixes_over_base" (caching off where that round ran),
-"big_pool_over_small"}.
+"big_pool_over_small" (caching off on both where that round ran), "big_pool_over_small_cached"}; --only pools
+gives the last two.
 
-    .venv/bin/python -m load_tests.serving.bench_serving [--engine hf,vllm] [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
+    .venv/bin/python -m load_tests.serving.bench_serving [--engine hf,vllm] [--only all|core|auto|pools] [--clients 16] [--max-tokens 64] [--rates 1,2] [--big-pool 1000]
 """
 
 from __future__ import annotations
@@ -64,7 +67,10 @@ def main() -> int:
         "--rounds", type=int, default=2, help="interleaved base/mixes rounds with prefix caching off (hf engine)"
     )
     ap.add_argument(
-        "--only", choices=("all", "core", "auto"), default="all", help="core: every scenario but auto's comparisons"
+        "--only",
+        choices=("all", "core", "auto", "pools"),
+        default="all",
+        help="core: every scenario but auto's comparisons; pools: the popular-skills pools alone",
     )
     ap.add_argument(
         "--auto-vary",
@@ -118,10 +124,13 @@ def main() -> int:
                 flush=True,
             )
 
-        with ServerProcess(root / "small", flags) as srv:
-            client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
-            load = Load(client, args.max_tokens)
-            load.one(base_id, prompts[-1])  # warm-up, with a prompt the single client does not send
+        pools_only = args.only == "pools"
+
+        def pool_round(load: Load, pool: list[str], name: str) -> None:
+            record(name, load.closed(args.clients, args.per_client, popular(pool)))
+
+        def first_server(load: Load) -> None:
+            """One client, N clients, mixes, Poisson rates and auto, on one server with prefix caching."""
             record("base, 1 client", load.closed(1, 4, lambda c, j: (base_id, prompts[j])))
             record(
                 f"base, {args.clients} clients",
@@ -155,59 +164,72 @@ def main() -> int:
                     lambda c, j: ("auto", prompts[(c * args.per_client + j) % len(prompts)]),
                 ),
             )
-            record(
-                f"popular skills, {args.skills}-skill pool", load.closed(args.clients, args.per_client, popular(names))
-            )
+
+        def mixes_against_base(load: Load) -> None:
+            """Interleaved rounds (base, mixes, mixes, base, ...) after a discarded warm-up: a machine that drifts
+            moves both sides alike."""
+            sides = {"base": lambda i: base_id, "k=3 mixes all different": lambda i: mix_models[i]}
+
+            def closed_round(model: Any) -> tuple[list[dict[str, float]], float]:
+                return load.closed(
+                    args.clients,
+                    args.per_client,
+                    lambda c, j: (
+                        model(c * args.per_client + j),
+                        prompts[(c * args.per_client + j) % len(prompts)],
+                    ),
+                )
+
+            closed_round(sides["k=3 mixes all different"])  # warm-up, not recorded
+            rounds: dict[str, list[tuple[list[dict[str, float]], float]]] = {name: [] for name in sides}
+            for r in range(args.rounds):
+                order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+                for name in order:
+                    rounds[name].append(closed_round(sides[name]))
+                    record(f"{name}, round {r + 1}, no prefix cache", rounds[name][-1])
+            for name, parts in rounds.items():  # all rounds as one sample: tokens over summed wall time
+                record(
+                    f"{name}, {args.clients} clients, no prefix cache",
+                    ([x for res, _ in parts for x in res], sum(wall for _, wall in parts)),
+                )
+
+        with ServerProcess(root / "small", flags) as srv:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+            load = Load(client, args.max_tokens)
+            load.one(base_id, prompts[-1])  # warm-up, with a prompt the single client does not send
+            if not pools_only:
+                first_server(load)
+            pool_round(load, names, f"popular skills, {args.skills}-skill pool")
             mem[f"{args.skills}-skill pool"] = rss_mib(srv.proc.pid)
             stats = httpx.get(srv.url + "/healthz").json()
             print(f"  healthz: {stats}", flush=True)
+        # like for like, prefix caching off (like_for_like; the hf engine's setting): mixes against the base and
+        # the two pools
+        cache_off = [(flags, "")] + ([(like_for_like(flags), ", no prefix cache")] if engine == "hf" else [])
         if engine == "hf":
-            # Mixes against the base like for like, prefix caching off (like_for_like). Interleaved rounds (base,
-            # mixes, mixes, base, ...) after a discarded warm-up: a machine that drifts moves both sides alike.
             with ServerProcess(root / "small", like_for_like(flags)) as srv:
                 client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
                 load = Load(client, args.max_tokens)
-                sides = {"base": lambda i: base_id, "k=3 mixes all different": lambda i: mix_models[i]}
-
-                def closed_round(model: Any) -> tuple[list[dict[str, float]], float]:
-                    return load.closed(
-                        args.clients,
-                        args.per_client,
-                        lambda c, j: (
-                            model(c * args.per_client + j),
-                            prompts[(c * args.per_client + j) % len(prompts)],
-                        ),
-                    )
-
-                closed_round(sides["k=3 mixes all different"])  # warm-up, not recorded
-                rounds: dict[str, list[tuple[list[dict[str, float]], float]]] = {name: [] for name in sides}
-                for r in range(args.rounds):
-                    order = list(sides) if r % 2 == 0 else list(sides)[::-1]
-                    for name in order:
-                        rounds[name].append(closed_round(sides[name]))
-                        record(f"{name}, round {r + 1}, no prefix cache", rounds[name][-1])
-                for name, parts in rounds.items():  # all rounds as one sample: tokens over summed wall time
-                    record(
-                        f"{name}, {args.clients} clients, no prefix cache",
-                        ([x for res, _ in parts for x in res], sum(wall for _, wall in parts)),
-                    )
+                load.one(names[0], prompts[-1])
+                if not pools_only:
+                    mixes_against_base(load)
+                pool_round(load, names, f"popular skills, {args.skills}-skill pool, no prefix cache")
         if args.big_pool:
             if not big_names:  # written once, served by every engine
                 print(f"writing {args.big_pool} synthetic skills ...", flush=True)
                 big_names.extend(make_skills(root / "big", args.big_pool, args.rank, seed=1))
-            big = [*flags, "--max-loaded-skills", str(args.max_loaded_skills)]
-            with ServerProcess(root / "big", big, startup_s=1800) as srv:
-                client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
-                load = Load(client, args.max_tokens)
-                load.one(big_names[0], prompts[0])
-                record(
-                    f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded",
-                    load.closed(args.clients, args.per_client, popular(big_names)),
-                )
-                mem[f"{args.big_pool}-skill pool"] = rss_mib(srv.proc.pid)
-                stats = httpx.get(srv.url + "/healthz").json()
-                print(f"  healthz: {stats}", flush=True)
-
+            for server_flags, suffix in cache_off:
+                server_flags = [*server_flags, "--max-loaded-skills", str(args.max_loaded_skills)]
+                with ServerProcess(root / "big", server_flags, startup_s=1800) as srv:
+                    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
+                    load = Load(client, args.max_tokens)
+                    load.one(big_names[0], prompts[0])
+                    name = f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded{suffix}"
+                    pool_round(load, big_names, name)
+                    if not suffix:
+                        mem[f"{args.big_pool}-skill pool"] = rss_mib(srv.proc.pid)
+                    stats = httpx.get(srv.url + "/healthz").json()
+                    print(f"  healthz: {stats}", flush=True)
         print(
             f"\nengine {engine}; {args.max_tokens}-token answers (ignore_eos), temperature 0; SuperNI generation prompts; "
             f"rank-{args.rank} LoRA on q,k,v,o; SLO: TTFT <= {args.slo_ttft}s and ITL <= {args.slo_itl}s"
@@ -220,21 +242,24 @@ def main() -> int:
                 f"{name:44s} {s['n']:3.0f} {s['tok_s']:7.1f} {s['ttft_p50']:8.2f} {s['ttft_p99']:8.2f} {s['itl_p50']:7.3f} "
                 f"{s['itl_p99']:7.3f} {s['e2e_p50']:7.2f} {s['goodput']:7.0%}"
             )
-        one, many = results["base, 1 client"], results[f"base, {args.clients} clients"]
-        mixes = results[f"k=3 mixes all different, {args.clients} clients"]
-        ratios[engine] = {
-            f"tokens_{args.clients}_over_1": round(many["tok_s"] / one["tok_s"], 3),
-            f"ttft_{args.clients}_over_1": round(many["ttft_p50"] / one["ttft_p50"], 3),
-            "mixes_over_base": round(mixes["tok_s"] / many["tok_s"], 3),
-        }
+        ratios[engine] = {}
         print("\nratios (same run):")
-        print(
-            f"  {args.clients} clients vs 1: TTFT p50 {many['ttft_p50'] / one['ttft_p50']:.2f}x (target <= 4x), "
-            f"output tok/s {many['tok_s'] / one['tok_s']:.2f}x (target >= 4x)"
-        )
-        print(
-            f"  k=3 mixes vs base at {args.clients} clients: tok/s {mixes['tok_s'] / many['tok_s']:.2f}x (target >= 0.9x)"
-        )
+        if not pools_only:
+            one, many = results["base, 1 client"], results[f"base, {args.clients} clients"]
+            mixes = results[f"k=3 mixes all different, {args.clients} clients"]
+            ratios[engine] = {
+                f"tokens_{args.clients}_over_1": round(many["tok_s"] / one["tok_s"], 3),
+                f"ttft_{args.clients}_over_1": round(many["ttft_p50"] / one["ttft_p50"], 3),
+                "mixes_over_base": round(mixes["tok_s"] / many["tok_s"], 3),
+            }
+            print(
+                f"  {args.clients} clients vs 1: TTFT p50 {many['ttft_p50'] / one['ttft_p50']:.2f}x (target <= 4x), "
+                f"output tok/s {many['tok_s'] / one['tok_s']:.2f}x (target >= 4x)"
+            )
+            print(
+                f"  k=3 mixes vs base at {args.clients} clients: tok/s {mixes['tok_s'] / many['tok_s']:.2f}x "
+                "(target >= 0.9x)"
+            )
         plain = results.get(f"base, {args.clients} clients, no prefix cache")
         plain_mixes = results.get(f"k=3 mixes all different, {args.clients} clients, no prefix cache")
         if plain and plain_mixes:
@@ -250,14 +275,16 @@ def main() -> int:
                 "the base rows above reuse shared prompt starts, all-different mixes cannot)"
             )
         if args.big_pool:
-            small, bigr = (
-                results[f"popular skills, {args.skills}-skill pool"],
-                results[f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded"],
-            )
-            ratios[engine]["big_pool_over_small"] = round(bigr["tok_s"] / small["tok_s"], 3)
+            small_pool = f"popular skills, {args.skills}-skill pool"
+            big_pool = f"popular skills, {args.big_pool}-skill pool, {args.max_loaded_skills} loaded"
+            off = ", no prefix cache" if engine == "hf" else ""  # another engine: its own caching on both
+            like = results[big_pool + off]["tok_s"] / results[small_pool + off]["tok_s"]
+            cached = results[big_pool]["tok_s"] / results[small_pool]["tok_s"]
+            ratios[engine]["big_pool_over_small"] = round(like, 3)
+            ratios[engine]["big_pool_over_small_cached"] = round(cached, 3)
             print(
-                f"  {args.big_pool}- vs {args.skills}-skill pool (popular skills): tok/s {bigr['tok_s'] / small['tok_s']:.2f}x "
-                "(target >= 0.95x)"
+                f"  {args.big_pool}- vs {args.skills}-skill pool (popular skills), prefix caching off on both: "
+                f"tok/s {like:.2f}x (target >= 0.95x); with it: {cached:.2f}x (hits: healthz' prefix_hit_tokens)"
             )
         print("  server RSS: " + ", ".join(f"{k} {v:.0f} MiB" for k, v in mem.items()))
 
@@ -265,7 +292,7 @@ def main() -> int:
     for engine in args.engine.split(","):
         if args.only != "auto":
             run(engine.strip())
-        if args.only != "core":
+        if args.only in ("all", "auto"):
             flags = ["--engine", engine.strip(), "--max-batch-size", str(max(args.clients, 16))]
             flags += args.auto_server_flags.split()
             lines = auto_scenarios(
