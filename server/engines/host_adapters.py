@@ -21,7 +21,6 @@ from skillpool.runtime.openmp import as_helper_thread
 from .protocol import AdapterLoader
 
 
-
 class HostAdapters:
     """Background reads and host copies of adapters, by version key. Thread-safe: `fetch` is called by whoever
     submits a request, the rest by the engine's loop."""
