@@ -203,9 +203,10 @@ def main() -> int:
             mem[f"{args.skills}-skill pool"] = rss_mib(srv.proc.pid)
             stats = httpx.get(srv.url + "/healthz").json()
             print(f"  healthz: {stats}", flush=True)
+        # the big pool's servers: as the first one, and (hf) like for like, as the next one
+        pool_servers = [(flags, "")] + ([(like_for_like(flags), ", no prefix cache")] if engine == "hf" else [])
         # like for like, prefix caching off (like_for_like; the hf engine's setting): mixes against the base and
-        # the two pools
-        cache_off = [(flags, "")] + ([(like_for_like(flags), ", no prefix cache")] if engine == "hf" else [])
+        # the small pool
         if engine == "hf":
             with ServerProcess(root / "small", like_for_like(flags)) as srv:
                 client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)
@@ -218,7 +219,7 @@ def main() -> int:
             if not big_names:  # written once, served by every engine
                 print(f"writing {args.big_pool} synthetic skills ...", flush=True)
                 big_names.extend(make_skills(root / "big", args.big_pool, args.rank, seed=1))
-            for server_flags, suffix in cache_off:
+            for server_flags, suffix in pool_servers:
                 server_flags = [*server_flags, "--max-loaded-skills", str(args.max_loaded_skills)]
                 with ServerProcess(root / "big", server_flags, startup_s=1800) as srv:
                     client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=900)

@@ -82,12 +82,11 @@ class SkillResidency:
             if key in self.bank:
                 hits.append(key)
                 continue
-            load = self._loaders[key]
             victims = [n for n in self._order if n not in keep] if self.max_loaded is not None else []
             if self.max_loaded is not None and len(self.bank) - len(victims) >= self.max_loaded:
                 return False
             if self.host is None:
-                adapter = load()
+                adapter = self._loaders[key]()
             elif (ready := self.host.take(key)) is None:
                 return False
             else:
