@@ -233,9 +233,9 @@ class LocalJobQueue:
 
     def _run(self, job: Job, examples: builtins.list[Example], cfg: TrainConfig) -> None:
         stop = self._cancel[job.id]
-        if stop.is_set() or job.status in TERMINAL:  # cancelled, or ended by close() while it waited
-            return
-        with self._lock:
+        with self._lock:  # the check and the start are one step: a cancel between them would be undone
+            if stop.is_set() or job.status in TERMINAL:  # cancelled, or ended by close() while it waited
+                return
             job.status, job.started_at = JobStatus.RUNNING, time.time()
             job.log("Fine-tuning job started")
             self._save(job)

@@ -3,14 +3,16 @@ be checked only between optimizer steps: a job cancelled 2 s after upload ran 27
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from skillpool.adapters_store.store import SkillStore
+from skillpool.adapters_store.store import SkillRecord, SkillStore
 from skillpool.router import Router
 from skillpool.router.embedder import Embedder
 from skillpool.trainer.config import TrainConfig
@@ -80,3 +82,47 @@ def test_a_job_cancelled_during_key_preparation_ends_within_seconds(tiny_base, e
         assert trainer.store.get("sst-2") is None and list(trainer.store.tmp_dir.iterdir()) == []
     finally:
         q.close()
+
+
+class _CancelFirst:
+    """The queue's lock, except that the worker's first try to take it lets `cancel` run in another thread and
+    land first: the widest a cancel racing the worker's start of a job can be."""
+
+    def __init__(self, lock: threading.Lock, worker: threading.Thread, cancel: Callable[[], object]) -> None:
+        self._lock, self._worker = lock, worker
+        self._cancel: Callable[[], object] | None = cancel
+
+    def __enter__(self) -> bool:
+        if self._cancel is not None and threading.current_thread() is self._worker:
+            racer, self._cancel = threading.Thread(target=self._cancel), None
+            racer.start()
+            racer.join(5)
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.__exit__(*exc)
+
+
+def test_a_cancel_racing_the_workers_start_is_never_undone(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def runner(job: Job, examples: object, cfg: object, progress: object, stop: Callable[[], bool]) -> SkillRecord:
+        while not release.wait(0.05):
+            if stop():
+                raise Cancelled
+        return SkillRecord(job.skill, 1, tmp_path, {})
+
+    q = LocalJobQueue(tmp_path / "jobs", runner, lambda _: None)
+    try:
+        first, raced = (Job(id=new_job_id(), skill=s, method="isolated", config={}) for s in ("first", "raced"))
+        q.submit(first, [], TrainConfig())  # holds the worker while the lock is swapped
+        until(lambda: first.status == JobStatus.RUNNING, 20)
+        q.submit(raced, [], TrainConfig())
+        q._lock = _CancelFirst(q._lock, q._thread, lambda: q.cancel(raced.id))  # type: ignore[assignment]
+        release.set()
+        until(lambda: raced.status in TERMINAL, 20)
+        time.sleep(0.5)  # past the worker's start: a cancel it undid would show as running by now
+        assert raced.status == JobStatus.CANCELLED and raced.started_at is None
+    finally:
+        release.set()
+        q.close(5)
