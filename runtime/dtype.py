@@ -9,6 +9,7 @@ the trainer fp32). SKILLPOOL_DTYPE gives the choice where none is passed.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ if TYPE_CHECKING:  # torch loads where a dtype is resolved: the configs that nam
 DTYPES = ("auto", "float32", "bfloat16")
 DTYPE_SETTING = "SKILLPOOL_DTYPE"
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -55,9 +58,24 @@ def resolve_dtype(choice: str | None, device: str, cuda: str = "bfloat16") -> to
     import torch
 
     choice = dtype_choice(choice)
+    if device.partition(":")[0] == "cpu" and not cpu_has_bf16():
+        _say_no_bf16(choice)
     if choice == "auto":
         choice = cuda if device.startswith("cuda") else "bfloat16" if cpu_has_bf16() else "float32"
     return torch.bfloat16 if choice == "bfloat16" else torch.float32
+
+
+@functools.cache  # once a process for each choice: the engine, the trainer and each training run resolve one
+def _say_no_bf16(choice: str) -> None:
+    if choice == "bfloat16":
+        log.warning(
+            "--dtype bfloat16 on a CPU without AVX-512 BF16 or AMX: its bf16 products are emulated and run slower "
+            "than float32 (docs/serving.md, Dtype); --dtype auto computes in float32 here"
+        )
+    elif choice == "auto":
+        log.warning(
+            "this CPU has no AVX-512 BF16 or AMX: --dtype auto computes in float32 (bfloat16 would be emulated)"
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
