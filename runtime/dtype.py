@@ -70,7 +70,7 @@ def _say_no_bf16(choice: str) -> None:
     if choice == "bfloat16":
         log.warning(
             "--dtype bfloat16 on a CPU without AVX-512 BF16 or AMX: its bf16 products are emulated and run slower "
-            "than float32 (docs/serving.md, Dtype); --dtype auto computes in float32 here"
+            "than float32 (docs/serving.md, The dtype); --dtype auto computes in float32 here"
         )
     elif choice == "auto":
         log.warning(
