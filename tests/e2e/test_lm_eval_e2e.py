@@ -6,35 +6,18 @@ trained on SST-2 through /tasks scores higher than the base model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.datasets import dataset_dir, rows, user_text
+from tests.datasets import rows, user_text
+from tests.e2e.conftest import Sst2Server
 
 pytestmark = pytest.mark.slow
 BASE = "SmolLM2-135M-Instruct"
-TRAIN_ROWS, TEST_ROWS = 160, 60
-CONFIG = {"epochs": 2, "prompt_variants": 0.0}  # the rows as uploaded: as the task below asks them
+TEST_ROWS = 60
 CHOICES = ["Good", "Bad"]  # SST-2's answers in the Long Sequence benchmark
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    from skillpool.evaluation.process import ServerProcess
-    from skillpool.evaluation.tasks_client import TasksClient
-    from skillpool.trainer.records import TERMINAL
-
-    dataset_dir("long_sequence", "sst-2")
-    data = Path(tmp_path_factory.mktemp("lm-eval")) / "data"
-    with ServerProcess(data) as srv:
-        body = "\n".join(json.dumps(r) for r in rows("long_sequence", "sst-2", "train", TRAIN_ROWS)).encode()
-        tasks = TasksClient(srv.url)
-        job = tasks.wait_for(tasks.upload("sst-2", body, config=CONFIG)["id"], TERMINAL, 1800)
-        assert job["status"] == "succeeded", job
-        yield srv
 
 
 def write_task(folder: Path, smollm: Any) -> str:
@@ -95,7 +78,8 @@ def accuracy(url: str, model: str, folder: Path, task: str) -> float:
     return acc
 
 
-def test_a_trained_skill_scores_higher_than_the_base_model(server, smollm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_trained_skill_scores_higher_than_the_base_model(sst2_server: Sst2Server, smollm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = sst2_server.server  # its sst-2 learned through /tasks from SST-2's rows as uploaded (conftest.py)
     task = write_task(tmp_path, smollm)
     from lm_eval.utils import check_remote_tokenizer_support
 
