@@ -25,7 +25,8 @@ class Sst2Server:
     job: dict[str, Any]  # the upload's job as it ended (succeeded)
 
 
-@pytest.fixture(scope="session")
+# package scope: the server stops once tests/e2e is done, not at the end of the whole run
+@pytest.fixture(scope="package")
 def sst2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sst2Server]:
     """`skillpool serve` in its defaults with one skill, `sst-2`, learned through /tasks from SST-2's first 200
     training rows. Tests may add skills, not change or remove this one."""
