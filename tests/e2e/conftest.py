@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from skillpool.evaluation.process import ServerProcess
 from tests.datasets import dataset_dir, rows
 
 # 200 rows, 60 held out: the noise on the gate's gain is about 0.07; the rows as uploaded, as the default prompt
@@ -21,7 +22,7 @@ SST2_CONFIG = {"epochs": 2, "eval_fraction": 0.3, "prompt_variants": 0.0}
 
 @dataclass(frozen=True)
 class Sst2Server:
-    server: Any  # skillpool.evaluation.process.ServerProcess
+    server: ServerProcess
     job: dict[str, Any]  # the upload's job as it ended (succeeded)
 
 
@@ -30,7 +31,6 @@ class Sst2Server:
 def sst2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sst2Server]:
     """`skillpool serve` in its defaults with one skill, `sst-2`, learned through /tasks from SST-2's first 200
     training rows. Tests may add skills, not change or remove this one."""
-    from skillpool.evaluation.process import ServerProcess
     from skillpool.evaluation.tasks_client import TasksClient
     from skillpool.trainer.records import TERMINAL
 
